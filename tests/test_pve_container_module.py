@@ -1,0 +1,234 @@
+"""pve_container against fakepve (the PVE API stand-in): what the module sends, and what it refuses."""
+import json
+import urllib.parse
+
+import pve_container
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+TEMPLATE = 'debian-12-glm5_12.0-1_amd64.tar.gz'
+GPUS = [{'path': '/dev/nvidia{0}'.format(i), 'mode': '0666'} for i in range(8)] + [
+    {'path': '/dev/nvidiactl', 'mode': '0666'},
+    {'path': '/dev/nvidia-uvm', 'mode': '0666'},
+    {'path': '/dev/nvidia-uvm-tools', 'mode': '0666'},
+    {'path': '/dev/nvidia-caps/nvidia-cap1', 'mode': '0400'},
+    {'path': '/dev/nvidia-caps/nvidia-cap2', 'mode': '0444'},
+]
+MOUNTS = [
+    {'host_path': '/srv/glm5/models', 'path': '/models'},
+    {'host_path': '/srv/glm5/sglang-cache', 'path': '/var/cache/sglang'},
+]
+
+
+class Result(dict):
+    failed = property(lambda self: bool(self.get('failed')))
+
+
+def run(pve, cafile, check=False, diff=False, **args):
+    """Run the module's main() in-process with these arguments; returns its JSON result."""
+    host, port = pve.url[len('https://'):].rsplit(':', 1)
+    params = dict(api_host=host, api_port=int(port), ca_file=cafile, node='pve1', vmid=120, hostname='glm5',
+                  ostemplate='local:vztmpl/' + TEMPLATE, storage='local-lvm', memory=8192, cores=8,
+                  devices=GPUS, mounts=MOUNTS, ssh_public_keys='ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG test@lab',
+                  _ansible_check_mode=check, _ansible_diff=diff)
+    if 'api_token_id' not in args:
+        params['api_password'] = 'secret'
+    params.update(args)
+    params = {k: v for k, v in params.items() if v is not None}
+    with patch_module_args(params), pytest.raises(SystemExit):
+        pve_container.main()
+    return Result(json.loads(LAST_OUTPUT[-1]))
+
+
+LAST_OUTPUT = []
+
+
+@pytest.fixture(autouse=True)
+def _capture(monkeypatch, capsys):
+    LAST_OUTPUT.clear()
+    orig = pve_container.AnsibleModule._return_formatted
+
+    def grab(self, kwargs):
+        orig(self, kwargs)
+        LAST_OUTPUT.append(capsys.readouterr().out)
+    monkeypatch.setattr(pve_container.AnsibleModule, '_return_formatted', grab)
+
+
+@pytest.fixture
+def pve(fakepve):
+    fakepve.store_file('local', TEMPLATE, 150 * 1024 ** 2, content='vztmpl')
+    return fakepve
+
+
+def writes(pve):
+    """(method, path, form) of every write the fake recorded, logins left out."""
+    out = []
+    for method, path, body in pve.requests:
+        if method in ('POST', 'PUT', 'DELETE') and not path.endswith('/access/ticket'):
+            form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(), keep_blank_values=True).items()}
+            out.append((method, path.replace('/api2/json', ''), form))
+    return out
+
+
+def test_create_sends_devices_mounts_and_tag(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile)
+    assert not res.failed, res
+    assert res['changed'] and res['created'] and res['status'] == 'running'
+    posts = writes(pve)
+    assert [(m, p) for m, p, _ in posts] == [('POST', '/nodes/pve1/lxc'), ('POST', '/nodes/pve1/lxc/120/status/start')]
+    form = posts[0][2]
+    assert form['dev0'] == '/dev/nvidia0,mode=0666'
+    assert form['dev12'] == '/dev/nvidia-caps/nvidia-cap2,mode=0444'
+    assert 'dev13' not in form
+    assert form['mp0'] == '/srv/glm5/models,backup=0,mp=/models'
+    assert form['mp1'] == '/srv/glm5/sglang-cache,backup=0,mp=/var/cache/sglang'
+    assert form['tags'] == 'glm5-managed'
+    assert form['rootfs'] == 'local-lvm:32'
+    assert form['ssh-public-keys'].startswith('ssh-ed25519 ')
+    assert pve.ct(120).status == 'running'
+
+
+def test_second_run_changes_nothing_and_sends_nothing(pve, fakepve_cafile):
+    assert run(pve, fakepve_cafile)['changed']
+    before = len(writes(pve))
+    res = run(pve, fakepve_cafile)
+    assert not res.failed, res
+    assert res['changed'] is False
+    assert res['changed_keys'] == [] and res['deleted_keys'] == []
+    assert len(writes(pve)) == before  # no second create, no PUT
+
+
+def test_change_puts_only_changed_keys_and_deletes_dropped_devices(pve, fakepve_cafile):
+    run(pve, fakepve_cafile, state='stopped')
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, state='stopped', memory=16384, devices=GPUS[:2])
+    assert not res.failed, res
+    assert res['changed_keys'] == ['memory']
+    assert res['deleted_keys'] == ['dev2', 'dev3', 'dev4', 'dev5', 'dev6', 'dev7', 'dev8', 'dev9', 'dev10',
+                                   'dev11', 'dev12']
+    (method, path, form), = writes(pve)
+    assert (method, path) == ('PUT', '/nodes/pve1/lxc/120/config')
+    assert form == {'memory': '16384', 'delete': ','.join(res['deleted_keys'])}
+    assert 'dev2' not in pve.ct(120).config and pve.ct(120).config['memory'] in (16384, '16384')
+
+
+def test_running_device_change_needs_restart_and_restarts_only_when_allowed(pve, fakepve_cafile):
+    run(pve, fakepve_cafile)
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, devices=GPUS[:9])
+    assert res['restart_required'] is True and res['restarted'] is False
+    assert [p for m, p, _ in writes(pve)] == ['/nodes/pve1/lxc/120/config']
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, devices=GPUS[:8], allow_restart=True)
+    assert res['restarted'] is True
+    assert [p for m, p, _ in writes(pve)] == ['/nodes/pve1/lxc/120/config', '/nodes/pve1/lxc/120/status/shutdown',
+                                              '/nodes/pve1/lxc/120/status/start']
+
+
+def test_check_mode_predicts_and_writes_nothing(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, check=True, diff=True)
+    assert res['changed'] and res['created'] and res['status'] == 'running'
+    assert res['diff']['after']['dev0'] == '/dev/nvidia0,mode=0666'
+    assert writes(pve) == [] and pve.ct(120) is None
+    run(pve, fakepve_cafile)
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, check=True, diff=True, cores=16)
+    assert res['changed'] and res['changed_keys'] == ['cores']
+    assert res['diff']['before']['cores'] in ('8', 8) and res['diff']['after']['cores'] == '16'
+    assert writes(pve) == []
+
+
+def test_normalises_reordered_property_strings(pve, fakepve_cafile):
+    """PVE hands property strings back re-ordered; that is no change."""
+    run(pve, fakepve_cafile, state='stopped', mounts=[{'host_path': '/srv/m', 'path': '/models', 'backup': True,
+                                                        'read_only': True}])
+    pve.ct(120).config['mp0'] = '/srv/m,ro=1,mp=/models,backup=1'
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, state='stopped', mounts=[{'host_path': '/srv/m', 'path': '/models', 'backup': True,
+                                                              'read_only': True}])
+    assert res['changed'] is False, res
+    assert writes(pve) == []
+
+
+def test_token_with_devices_is_refused_before_any_call(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, api_token_id='root@pam!ci', api_token_secret='x')
+    assert res.failed
+    assert 'root@pam' in res['msg'] and 'device passthrough' in res['msg'] and 'bind mounts' in res['msg']
+    assert pve.requests == []
+
+
+def test_token_without_rights_gets_pve_403(pve, fakepve_cafile):
+    pve.apitokens['ci@pve!deploy'] = 'tok'
+    pve.grant('ci@pve!deploy', '/storage', 'Datastore.Audit', 'Datastore.AllocateSpace', 'Datastore.AllocateTemplate')
+    pve.grant('ci@pve!deploy', '/vms/999', 'VM.Audit')  # rights on another guest only
+    res = run(pve, fakepve_cafile, api_token_id='ci@pve!deploy', api_token_secret='tok', devices=[], mounts=[])
+    assert res.failed
+    assert '403' in res['msg'] and 'Permission check failed' in res['msg']
+    assert pve.ct(120) is None
+
+
+def test_task_failure_surfaces_pve_text(pve, fakepve_cafile):
+    run(pve, fakepve_cafile, state='stopped')
+    pve.ct(120).start_error = 'Device /dev/nvidia3 does not exist'
+    res = run(pve, fakepve_cafile)
+    assert res.failed
+    assert 'Device /dev/nvidia3 does not exist' in res['msg'] and 'start CT 120' in res['msg']
+
+
+def test_http_500_surfaces_pve_text(pve, fakepve_cafile):
+    pve.fail('POST', '/nodes/pve1/lxc', 500, 'unable to create CT 120 - storage is full')
+    res = run(pve, fakepve_cafile)
+    assert res.failed
+    assert '500' in res['msg'] and 'storage is full' in res['msg']
+
+
+def test_refuses_container_it_did_not_create(pve, fakepve_cafile):
+    pve.add_ct(120, 'someone-elses', status='running', config={'tags': 'prod'})
+    for state in ('started', 'absent'):
+        res = run(pve, fakepve_cafile, state=state)
+        assert res.failed and 'not created by this package' in res['msg'], res
+    assert pve.ct(120) is not None and pve.ct(120).status == 'running'
+    assert writes(pve) == []
+    res = run(pve, fakepve_cafile, state='absent', adopt=True)
+    assert res['destroyed'] and pve.ct(120) is None
+
+
+def test_absent_destroys_own_container(pve, fakepve_cafile):
+    run(pve, fakepve_cafile)
+    res = run(pve, fakepve_cafile, state='absent')
+    assert res['changed'] and res['destroyed'] and pve.ct(120) is None
+    assert run(pve, fakepve_cafile, state='absent')['changed'] is False
+
+
+def test_vmid_used_by_vm_is_refused(pve, fakepve_cafile):
+    pve.add_vm(120, 'a-vm')
+    res = run(pve, fakepve_cafile)
+    assert res.failed and 'already used by a qemu guest' in res['msg']
+
+
+@pytest.mark.parametrize('args, words', [
+    (dict(vmid=42), 'vmid 42 is out of range'),
+    (dict(vmid=1000000000), 'out of range'),
+    (dict(mounts=[{'host_path': 'srv/models', 'path': '/models'}]), 'mounts[0].host_path'),
+    (dict(mounts=[{'host_path': '/srv/a,b', 'path': '/models'}]), 'mounts[0].host_path'),
+    (dict(mounts=[{'host_path': '/srv/a', 'path': '/'}]), 'mounts[0].path'),
+    (dict(devices=[{'path': '/etc/passwd'}]), 'devices[0].path'),
+    (dict(devices=[{'path': '/dev/nvidia0', 'mode': '999'}]), 'devices[0].mode'),
+    (dict(tags=['Bad Tag']), "tag 'Bad Tag'"),
+])
+def test_bad_input_is_rejected_before_any_call(pve, fakepve_cafile, args, words):
+    res = run(pve, fakepve_cafile, **args)
+    assert res.failed and words in res['msg'], res
+    assert pve.requests == []
+
+
+def test_unknown_storage_is_rejected_with_the_list(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, storage='fast-nvme')
+    assert res.failed
+    assert "storage 'fast-nvme' does not exist on node pve1 or root@pam may not see it" in res['msg'] and 'local-lvm' in res['msg']
+    assert pve.ct(120) is None
+
+
+def test_missing_template_is_rejected(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, ostemplate='local:vztmpl/nope.tar.gz')
+    assert res.failed and 'is not on storage' in res['msg'] and TEMPLATE in res['msg']
