@@ -356,6 +356,7 @@ class Reconciler(object):
         self.started_pid = {}     # vmid -> the PVE pid of the start the LXC side has carried out
         self.failed_start = {}    # vmid -> the PVE pid whose LXC start failed (not retried)
         self.seen_requests = 0
+        self.fresh = set()        # vmids created again in the API while the old LXC container still exists
         self.create_params = {}   # vmid -> {ostemplate, ssh-public-keys} from its create request
         os.makedirs(p['confdir'], exist_ok=True)
 
@@ -399,7 +400,10 @@ class Reconciler(object):
             if method == 'POST' and re.fullmatch(r'/api2/json/nodes/[^/]+/lxc', path):
                 form = urllib.parse.parse_qs(body.decode(errors='replace'))
                 if 'vmid' in form:
-                    self.create_params[int(form['vmid'][0])] = {
+                    vmid = int(form['vmid'][0])
+                    if self.lxc.exists(vmid):
+                        self.fresh.add(vmid)  # a new container under an old id: never reuse the old rootfs
+                    self.create_params[vmid] = {
                         k: form[k][0] for k in ('ostemplate', 'ssh-public-keys') if k in form}
         self.seen_requests = len(reqs)
 
@@ -437,6 +441,12 @@ class Reconciler(object):
         ct = self.api.nodes(NODE).lxc(vmid)
         config = ct.config.get()
         self.set_start_error(vmid, start_error(config))
+        if vmid in self.fresh:
+            LOG.info('CT %s: created again in the API, removing the old LXC container first', vmid)
+            self.lxc.destroy(vmid)
+            self.started_pid.pop(vmid, None)
+            self.failed_start.pop(vmid, None)
+            self.fresh.discard(vmid)
         if config.get('lock') == 'create':
             return
         status = ct.status.current.get()
