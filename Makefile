@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 deploy: venv lab-up  ## venv + lab + site.yml
 	$(ANSIBLE_PLAYBOOK) site.yml
 
-test: venv lint pytest molecule  ## lint + pytest + Molecule
+test: venv lint lab-up pytest molecule  ## lint + pytest + Molecule
 
 $(VENV)/.installed: requirements.txt requirements-lab.txt
 	command -v python3 >/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
@@ -36,8 +36,8 @@ lint: venv
 	$(VENV)/bin/ruff check ansible scripts tests
 	$(VENV)/bin/ansible-lint --profile production --offline
 
-pytest: venv
-	$(VENV)/bin/pytest -q
+pytest: venv lab-up
+	GLM5_LAB=1 $(VENV)/bin/pytest -q
 
 molecule: venv lab-up
 	$(VENV)/bin/molecule test --all

@@ -225,7 +225,8 @@ def test_bad_input_is_rejected_before_any_call(pve, fakepve_cafile, args, words)
 def test_unknown_storage_is_rejected_with_the_list(pve, fakepve_cafile):
     res = run(pve, fakepve_cafile, storage='fast-nvme')
     assert res.failed
-    assert "storage 'fast-nvme' does not exist on node pve1 or root@pam may not see it" in res['msg'] and 'local-lvm' in res['msg']
+    assert "storage 'fast-nvme' does not exist on node pve1 or root@pam may not see it" in res['msg']
+    assert 'local-lvm' in res['msg']
     assert pve.ct(120) is None
 
 

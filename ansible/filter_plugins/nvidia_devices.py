@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Filters that turn NVIDIA device nodes found on a PVE host into pve_container `devices` entries."""
 from __future__ import annotations
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Shared code for this project's Proxmox VE modules: the connection options,
 # one proxmoxer connection, task waiting, PVE error text and property strings.
 from __future__ import annotations

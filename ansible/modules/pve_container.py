@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 from __future__ import annotations
 
 DOCUMENTATION = r'''
@@ -33,7 +32,9 @@ options:
     choices: [present, started, stopped, absent]
     default: started
   hostname: {description: Container host name (required unless I(state=absent))., type: str}
-  ostemplate: {description: "Template volume, for example C(local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst). Used at creation only.", type: str}
+  ostemplate:
+    description: Template volume, for example C(local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst). Used at creation only.
+    type: str
   storage: {description: Storage for the root file system. Used at creation only., type: str, default: local-lvm}
   disk_size: {description: Root file system size in GiB. Used at creation only., type: int, default: 32}
   memory: {description: Memory in MiB., type: int, default: 4096}

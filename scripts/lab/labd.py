@@ -69,12 +69,13 @@ def ensure_secrets(p):
         _write_private(p['password'], secrets.token_urlsafe(24).encode())
     if os.path.exists(p['cert']) and os.path.exists(p['ca']):
         return
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, 'GLM-5 lab PVE CA')])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -422,7 +423,7 @@ class Reconciler(object):
     def once(self):
         self.read_requests()
         api_cts = {int(c['vmid']): c for c in self.api.nodes(NODE).lxc.get()}
-        for vmid, listing in sorted(api_cts.items()):
+        for vmid in sorted(api_cts):
             try:
                 self.reconcile(vmid)
             except Exception as exc:  # keep the lab serving; the log says what went wrong
