@@ -1,5 +1,6 @@
 """Normalising PVE config values: what counts as "no change" for the idempotent diff."""
 import pytest
+
 from ansible.module_utils.pve_api import normalise_value, parse_property_string, values_match
 
 
