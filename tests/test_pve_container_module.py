@@ -175,6 +175,16 @@ def test_task_failure_surfaces_pve_text(pve, fakepve_cafile):
     assert 'Device /dev/nvidia3 does not exist' in res['msg'] and 'start CT 120' in res['msg']
 
 
+def test_failed_create_task_surfaces_pve_text(pve, fakepve_cafile):
+    """An error PVE raises inside its worker: the POST answers a UPID, the task ends with PVE's message."""
+    pve.fail('POST', '/nodes/pve1/lxc', error='found_lock_trying_remove_lock')
+    res = run(pve, fakepve_cafile)
+    assert res.failed
+    assert res['msg'].startswith('create CT 120 failed: ')
+    assert "found lock 'backup' trying to remove 'backup' lock" in res['msg']
+    assert [p for m, p, _ in writes(pve)] == ['/nodes/pve1/lxc']  # no start after a failed create
+
+
 def test_http_500_surfaces_pve_text(pve, fakepve_cafile):
     pve.fail('POST', '/nodes/pve1/lxc', 500, 'unable to create CT 120 - storage is full')
     res = run(pve, fakepve_cafile)
@@ -233,3 +243,25 @@ def test_unknown_storage_is_rejected_with_the_list(pve, fakepve_cafile):
 def test_missing_template_is_rejected(pve, fakepve_cafile):
     res = run(pve, fakepve_cafile, ostemplate='local:vztmpl/nope.tar.gz')
     assert res.failed and 'is not on storage' in res['msg'] and TEMPLATE in res['msg']
+
+
+@pytest.mark.parametrize('exitstatus, ok', [('OK', True), ('WARNINGS: 2', True), ('unable to mount rootfs', False)])
+def test_task_exit_status_rules(monkeypatch, exitstatus, ok):
+    """PVE ends a task with OK, 'WARNINGS: n' (still a success) or its error text. fakepve has no way to end a
+    task with warnings, so the finished task's status is handed to wait_task directly here."""
+    from ansible.module_utils import pve_api
+
+    class NoLog:
+        def nodes(self, node):
+            raise RuntimeError('no log in this test')
+
+    monkeypatch.setattr(pve_api.Tasks, 'blocking_status',
+                        staticmethod(lambda api, upid, **kw: {'status': 'stopped', 'exitstatus': exitstatus}))
+    api = pve_api.PveApi.__new__(pve_api.PveApi)
+    api.api = NoLog()
+    upid = 'UPID:pve1:00001234:00005678:65000000:vzstart:120:root@pam:'
+    if ok:
+        assert api.wait_task(upid, 'start CT 120', 5)['exitstatus'] == exitstatus
+    else:
+        with pytest.raises(pve_api.PveTaskFailed, match='start CT 120 failed: unable to mount rootfs'):
+            api.wait_task(upid, 'start CT 120', 5)
