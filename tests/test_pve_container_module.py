@@ -265,3 +265,16 @@ def test_task_exit_status_rules(monkeypatch, exitstatus, ok):
     else:
         with pytest.raises(pve_api.PveTaskFailed, match='start CT 120 failed: unable to mount rootfs'):
             api.wait_task(upid, 'start CT 120', 5)
+
+
+def test_container_restored_after_a_lab_restart_is_unchanged(pve, fakepve_cafile, tmp_path):
+    """The lab persists GET /config and puts it back on restart; a re-run must then change nothing."""
+    import labd
+    assert run(pve, fakepve_cafile, state='stopped')['created']
+    saved = {'vmid': 120, 'config': {k: v for k, v in pve.ct(120).config.items() if k not in ('digest', 'lock')}}
+    assert run(pve, fakepve_cafile, state='absent')['destroyed']   # the restarted fake knows nothing yet
+    labd.restore_ct(pve, saved, running=False)
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, state='stopped')
+    assert not res.failed, res['msg']
+    assert res['changed'] is False and writes(pve) == []

@@ -18,6 +18,7 @@ chroot "$root" update-ca-certificates
 # Host keys are made per container; a minimal /etc/fstab; no getty on the lab's shared console.
 rm -f "$root"/etc/ssh/ssh_host_*
 : > "$root/etc/fstab"
+: > "$root/etc/machine-id"; rm -f "$root/var/lib/dbus/machine-id"
 chroot "$root" systemctl mask getty@tty1.service serial-getty@.service console-getty.service systemd-networkd.service >/dev/null
 chroot "$root" apt-get clean
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin

@@ -248,6 +248,13 @@ class LabLxc(object):
             if old.startswith('ssh_host_'):
                 os.unlink(os.path.join(rootfs, 'etc/ssh', old))
         lxc('ssh-keygen', '-A', '-f', rootfs)
+        # Like pve-container on create: a new container gets its own machine-id at first boot.
+        with open(os.path.join(rootfs, 'etc/machine-id'), 'w'):
+            pass
+        try:
+            os.unlink(os.path.join(rootfs, 'var/lib/dbus/machine-id'))
+        except FileNotFoundError:
+            pass
         if keys:
             sshdir = os.path.join(rootfs, 'root/.ssh')
             os.makedirs(sshdir, mode=0o700, exist_ok=True)
@@ -346,6 +353,18 @@ class Serving(object):
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def restore_ct(pve, saved, running):
+    """Put a persisted container back into fakepve after a lab restart, as PVE reads /etc/pve at boot.
+
+    The saved config is what GET /config gave: complete, with defaults left out as PVE leaves them
+    out, so fakepve must not add its own defaults (unprivileged=1 would turn a privileged CT around).
+    """
+    ct = pve.add_ct(saved['vmid'], saved['config'].get('hostname'), NODE, 'running' if running else 'stopped',
+                    saved['config'], defaults=False)
+    ct.start_secs = PVE_START_SECS
+    return ct
+
+
 class Reconciler(object):
     def __init__(self, p, serving):
         from proxmoxer import ProxmoxAPI
@@ -372,14 +391,13 @@ class Reconciler(object):
             self.create_params[vmid] = saved.get('create', {})
             running = self.lxc.state(vmid) == 'running'
             onboot = str(saved['config'].get('onboot', '0')) == '1'
-            ct = self.serving.do(self.serving.pve.add_ct, vmid, saved['config'].get('hostname'), NODE,
-                                 'running' if (running or onboot) else 'stopped', saved['config'])
-            ct.start_secs = PVE_START_SECS
+            ct = self.serving.do(restore_ct, self.serving.pve, saved, running or onboot)
             if running:
                 self.started_pid[vmid] = self.serving.do(lambda c: c.pid, ct)
             LOG.info('CT %s: restored (%s)', vmid, 'running' if running else 'onboot' if onboot else 'stopped')
 
     def persist(self, vmid, config):
+        config = {k: v for k, v in config.items() if k not in ('digest', 'lock')}
         path = os.path.join(self.p['confdir'], '{0}.json'.format(vmid))
         data = json.dumps({'vmid': vmid, 'config': config, 'create': self.create_params.get(vmid, {})}, indent=1,
                           sort_keys=True)
