@@ -387,7 +387,7 @@ class PveContainer(object):
         changed = sorted(k for k, v in want.items() if not values_match(k, v, current.get(k)))
         owned = re.compile(r'^(dev|mp)\d+$')
         deleted = sorted((k for k in current if owned.match(k) and k not in want), key=lambda k: (k[:2], len(k), k))
-        managed_now = {k: current[k] for k in list(want) + deleted if k in current}
+        managed_now = {k: str(current[k]) for k in list(want) + deleted if k in current}
         self.result['config'] = dict((k, normalise_value(k, v)) for k, v in current.items() if k in want)
         status = self.call('reading status', self._get_status)
         self.result['status'] = status
