@@ -1,0 +1,70 @@
+"""Device discovery against a real NVIDIA host (marked gpu; skipped where there is no GPU, as in CI).
+
+The role finds /dev/nvidia* and /dev/nvidia-caps/* with ansible.builtin.find and hands the list to the
+nvidia_passthrough filter. Here the same list is built from the real /dev of a GPU machine, and the
+result is checked against what the driver itself reports (nvidia-smi -q -x, /proc/devices).
+Run there with: python3 -m pytest -m gpu tests/test_gpu_host.py
+"""
+import os
+import re
+import shutil
+import stat
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+from nvidia_devices import nvidia_passthrough
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope='module')
+def host():
+    if not shutil.which('nvidia-smi') or not os.path.exists('/dev/nvidiactl'):
+        pytest.skip('no NVIDIA GPU on this machine')
+    xml = subprocess.run(['nvidia-smi', '-q', '-x'], capture_output=True, text=True, check=True).stdout
+    minors = sorted(int(g.findtext('minor_number')) for g in ET.fromstring(xml).iter('gpu'))
+    files = []
+    for folder in ('/dev', '/dev/nvidia-caps'):
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if name.startswith('nvidia'):
+                path = os.path.join(folder, name)
+                st = os.stat(path)
+                files.append({'path': path, 'mode': '%04o' % stat.S_IMODE(st.st_mode), 'isdir': stat.S_ISDIR(st.st_mode)})
+    majors = {}
+    if os.path.exists('/proc/devices'):
+        with open('/proc/devices') as fh:
+            for line in fh:
+                m = re.match(r'\s*(\d+)\s+(nvidia\S*)$', line)
+                if m:
+                    majors.setdefault(m.group(2), int(m.group(1)))
+    return {'minors': minors, 'files': files, 'majors': majors}
+
+
+def test_every_gpu_the_driver_reports_is_passed_through(host):
+    devices = nvidia_passthrough(host['files'])
+    gpus = [d['path'] for d in devices if re.fullmatch(r'/dev/nvidia\d+', d['path'])]
+    assert gpus == ['/dev/nvidia%d' % m for m in host['minors']]
+    paths = [d['path'] for d in devices]
+    assert '/dev/nvidiactl' in paths and '/dev/nvidia-uvm' in paths
+
+
+def test_device_majors_are_the_hosts_own(host):
+    """GPUs and ctl are 195; uvm and caps majors are dynamic: whatever the host's driver registered."""
+    for dev in nvidia_passthrough(host['files']):
+        rdev = os.stat(dev['path']).st_rdev
+        name = dev['path']
+        if re.fullmatch(r'/dev/nvidia(\d+|ctl)', name):
+            assert os.major(rdev) == 195, name
+        elif host['majors']:
+            driver = 'nvidia-caps' if name.startswith('/dev/nvidia-caps/') else 'nvidia-uvm'
+            assert os.major(rdev) == host['majors'][driver], (name, host['majors'])
+        else:
+            assert os.major(rdev) != 195, name
+
+
+def test_host_modes_are_kept(host):
+    for dev in nvidia_passthrough(host['files']):
+        assert int(dev['mode'], 8) == stat.S_IMODE(os.stat(dev['path']).st_mode), dev
