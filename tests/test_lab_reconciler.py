@@ -102,3 +102,32 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
     assert wait_for(lambda: not os.path.exists(lab.ctdir(vmid))), 'the reconciler did not remove the container'
     assert (keep / 'weights.safetensors').read_text() == 'precious'
     assert stat.S_ISDIR(os.stat(str(keep)).st_mode)
+
+
+def test_new_requests_survive_fakepve_dropping_old_ones():
+    def req(method, path):  # built at run time: equal constant tuples may be one object
+        return tuple([method, path, b''])
+    a, b, c, d = req('GET', '/a'), req('GET', '/b'), req('POST', '/c'), req('GET', '/b')
+    assert labd.new_requests([a, b], None) == [a, b]
+    assert labd.new_requests([a, b, c], b) == [c]
+    assert labd.new_requests([b, c, d], b) == [c, d]      # 'a' dropped: positions shifted
+    assert labd.new_requests([c, d], b) == [c, d]         # the last one read was dropped too
+    assert labd.new_requests([b, c, d], d) == []
+    equal_but_new = req('GET', '/b')
+    assert labd.new_requests([b, c, equal_but_new], b) == [c, equal_but_new]  # identity, not equality
+
+
+def test_write_config_keeps_passthrough_nodes_until_they_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(labd, 'cgroup_prefix', lambda: 'lxc.cgroup')
+    lab = labd.LabLxc(labd.paths(str(tmp_path)))
+    os.makedirs(os.path.join(lab.ctdir(150), 'rootfs', 'etc'))
+    lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/null,mode=0666'})
+    node = os.path.join(lab.ctdir(150), 'passthrough', 'dev', 'null')
+    inode = os.stat(node).st_ino
+    assert lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/null,mode=0666'}) is False
+    assert os.stat(node).st_ino == inode
+    lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/null,mode=0600'})
+    assert stat.S_IMODE(os.stat(node).st_mode) == 0o600
+    lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/zero'})
+    assert not os.path.exists(node)
+    assert os.stat(os.path.join(lab.ctdir(150), 'passthrough', 'dev', 'zero')).st_rdev == os.stat('/dev/zero').st_rdev

@@ -201,6 +201,19 @@ def lxc_config(vmid, config, ctdir):
 
 # ------------------------------------------------------------------ the LXC side
 
+def _node_is(path, kind, mode, uid, gid, rdev):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    is_kind = stat.S_ISCHR(st.st_mode) if kind == 'c' else stat.S_ISBLK(st.st_mode)
+    return is_kind and st.st_rdev == rdev and stat.S_IMODE(st.st_mode) == mode and (st.st_uid, st.st_gid) == (uid, gid)
+
+
+def _count_nodes(top):
+    return sum(len(files) for _, _, files in os.walk(top))
+
+
 def lxc(*args, check=True, timeout=120):
     return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=timeout)
 
@@ -285,6 +298,8 @@ class LabLxc(object):
             with open(path, 'w') as out:
                 out.write(content)
             changed = True
+        if all(_node_is(*n) for n in nodes) and len(nodes) == _count_nodes(os.path.join(ctdir, 'passthrough')):
+            return changed
         shutil.rmtree(os.path.join(ctdir, 'passthrough'), ignore_errors=True)
         for node, kind, mode, uid, gid, rdev in nodes:
             os.makedirs(os.path.dirname(node), exist_ok=True)
@@ -353,6 +368,16 @@ class Serving(object):
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def new_requests(recorded, last):
+    """The requests recorded after `last` (found by identity: fakepve drops the oldest past its limit, so
+    positions shift while the list stays full)."""
+    if last is not None:
+        for i in range(len(recorded) - 1, -1, -1):
+            if recorded[i] is last:
+                return recorded[i + 1:]
+    return recorded
+
+
 def restore_ct(pve, saved, running):
     """Put a persisted container back into fakepve after a lab restart, as PVE reads /etc/pve at boot.
 
@@ -375,7 +400,7 @@ class Reconciler(object):
                               timeout=30)
         self.started_pid = {}     # vmid -> the PVE pid of the start the LXC side has carried out
         self.failed_start = {}    # vmid -> the PVE pid whose LXC start failed (not retried)
-        self.seen_requests = 0
+        self.last_request = None  # the newest recorded request already read (fakepve keeps the last 10000)
         self.fresh = set()        # vmids created again in the API while the old LXC container still exists
         self.create_params = {}   # vmid -> {ostemplate, ssh-public-keys} from its create request
         os.makedirs(p['confdir'], exist_ok=True)
@@ -415,7 +440,7 @@ class Reconciler(object):
         """ostemplate and ssh-public-keys are create-only parameters: PVE uses them while it builds the rootfs
         and keeps no copy in the config, so the lab reads them from the create request fakepve recorded."""
         reqs = self.serving.do(lambda: list(self.serving.pve.requests))
-        for method, path, body in reqs[self.seen_requests:] if len(reqs) >= self.seen_requests else reqs:
+        for method, path, body in new_requests(reqs, self.last_request):
             if method == 'POST' and re.fullmatch(r'/api2/json/nodes/[^/]+/lxc', path):
                 form = urllib.parse.parse_qs(body.decode(errors='replace'))
                 if 'vmid' in form:
@@ -424,7 +449,7 @@ class Reconciler(object):
                         self.fresh.add(vmid)  # a new container under an old id: never reuse the old rootfs
                     self.create_params[vmid] = {
                         k: form[k][0] for k in ('ostemplate', 'ssh-public-keys') if k in form}
-        self.seen_requests = len(reqs)
+        self.last_request = reqs[-1] if reqs else self.last_request
 
     def set_start_error(self, vmid, message):
         ct = self.serving.do(self.serving.pve.ct, vmid)
