@@ -201,6 +201,21 @@ def lxc_config(vmid, config, ctdir):
 
 # ------------------------------------------------------------------ the LXC side
 
+def write_if_changed(path, content):
+    """Write content to path (atomically, making its folder) unless it already holds it; True if written."""
+    try:
+        with open(path) as fh:
+            if fh.read() == content:
+                return False
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + '.tmp', 'w') as out:
+        out.write(content)
+    os.replace(path + '.tmp', path)
+    return True
+
+
 def _node_is(path, kind, mode, uid, gid, rdev):
     try:
         st = os.stat(path)
@@ -288,16 +303,7 @@ class LabLxc(object):
         }
         changed = False
         for path, content in files.items():
-            try:
-                with open(path) as fh:
-                    if fh.read() == content:
-                        continue
-            except OSError:
-                pass
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, 'w') as out:
-                out.write(content)
-            changed = True
+            changed = write_if_changed(path, content) or changed
         if all(_node_is(*n) for n in nodes) and len(nodes) == _count_nodes(os.path.join(ctdir, 'passthrough')):
             return changed
         shutil.rmtree(os.path.join(ctdir, 'passthrough'), ignore_errors=True)
@@ -423,18 +429,9 @@ class Reconciler(object):
 
     def persist(self, vmid, config):
         config = {k: v for k, v in config.items() if k not in ('digest', 'lock')}
-        path = os.path.join(self.p['confdir'], '{0}.json'.format(vmid))
         data = json.dumps({'vmid': vmid, 'config': config, 'create': self.create_params.get(vmid, {})}, indent=1,
                           sort_keys=True)
-        try:
-            with open(path) as fh:
-                if fh.read() == data:
-                    return
-        except OSError:
-            pass
-        with open(path + '.tmp', 'w') as out:
-            out.write(data)
-        os.replace(path + '.tmp', path)
+        write_if_changed(os.path.join(self.p['confdir'], '{0}.json'.format(vmid)), data)
 
     def read_requests(self):
         """ostemplate and ssh-public-keys are create-only parameters: PVE uses them while it builds the rootfs
