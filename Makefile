@@ -16,7 +16,6 @@ test: venv lint lab-up pytest molecule  ## lint + pytest + Molecule
 $(VENV)/.installed: requirements.txt requirements-lab.txt
 	command -v python3 >/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-lab.txt
 	touch $@
 
