@@ -32,7 +32,7 @@ lab-purge: venv  ## destroy lab containers and forget the lab's API state; host 
 
 lint: venv
 	$(VENV)/bin/yamllint -s .
-	$(VENV)/bin/ruff check ansible scripts tests
+	$(VENV)/bin/ruff check ansible scripts tests molecule
 	$(VENV)/bin/ansible-lint --profile production --offline
 
 pytest: venv lab-up
