@@ -30,6 +30,11 @@ import threading
 import time
 import urllib.parse
 
+# The PVE property-string parser the pve_container module uses: one definition for both sides.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                'ansible', 'module_utils'))
+from pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # noqa: E402
+
 STATE = os.environ.get('GLM5_LAB_STATE', '/var/lib/glm5-lab')
 TEMPLATES = os.environ.get('GLM5_LAB_TEMPLATES', '/var/cache/glm5-lab/templates')
 HOST, PORT, NODE = '127.0.0.1', 8006, 'pve1'
@@ -108,29 +113,18 @@ def ensure_secrets(p):
 
 # ------------------------------------------------------------------ property strings and host checks
 
-def props(text, default_key):
-    out = {}
-    for i, part in enumerate(str(text).split(',')):
-        if '=' in part:
-            k, v = part.split('=', 1)
-            out[k] = v
-        elif i == 0:
-            out[default_key] = part
-    return out
+def _props_of(config, family):
+    """Parsed property strings of one key family (dev, mp), as pve_container's own module_utils parses them."""
+    return [parse_property_string(v, PROPERTY_DEFAULT_KEY[family]) for k, v in sorted(config.items())
+            if key_family(k) == family]
 
 
 def devices_of(config):
-    return [props(v, 'path') for k, v in sorted(config.items(), key=lambda kv: kv[0]) if re.fullmatch(r'dev\d+', k)]
+    return _props_of(config, 'dev')
 
 
 def bind_mounts_of(config):
-    out = []
-    for k, v in sorted(config.items()):
-        if re.fullmatch(r'mp\d+', k):
-            m = props(v, 'volume')
-            if m.get('volume', '').startswith('/'):
-                out.append(m)
-    return out
+    return [m for m in _props_of(config, 'mp') if m.get('volume', '').startswith('/')]
 
 
 def start_error(config):
