@@ -57,19 +57,6 @@ def test_ssh_ports_stay_on_loopback_range():
         labd.ssh_port(45536)
 
 
-@pytest.fixture
-def lab_api():
-    if os.environ.get('GLM5_LAB') != '1':
-        pytest.skip('needs the running lab: run through `make test` (it sets GLM5_LAB=1 after make lab-up)')
-    from proxmoxer import ProxmoxAPI
-    p = labd.paths()
-    if not labd.api_answers(p):
-        pytest.fail('GLM5_LAB=1 but the lab API does not answer on 127.0.0.1:8006: see {0}'.format(p['log']))
-    with open(p['password']) as fh:
-        password = fh.read().strip()
-    return ProxmoxAPI('127.0.0.1', port=8006, user='root@pam', password=password, verify_ssl=p['ca'])
-
-
 def wait_for(pred, timeout=90):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
