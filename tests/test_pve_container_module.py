@@ -101,7 +101,7 @@ def test_second_run_changes_nothing_and_sends_nothing(pve, fakepve_cafile):
 def test_change_puts_only_changed_keys_and_deletes_dropped_devices(pve, fakepve_cafile):
     run(pve, fakepve_cafile, state='stopped')
     pve.requests.clear()
-    res = run(pve, fakepve_cafile, state='stopped', memory=16384, devices=GPUS[:2])
+    res = run(pve, fakepve_cafile, state='stopped', memory=16384, devices=GPUS[:2], allow_device_removal=True)
     assert not res.failed, res
     assert res['changed_keys'] == ['memory']
     assert res['deleted_keys'] == ['dev2', 'dev3', 'dev4', 'dev5', 'dev6', 'dev7', 'dev8', 'dev9', 'dev10',
@@ -115,11 +115,11 @@ def test_change_puts_only_changed_keys_and_deletes_dropped_devices(pve, fakepve_
 def test_running_device_change_needs_restart_and_restarts_only_when_allowed(pve, fakepve_cafile):
     run(pve, fakepve_cafile)
     pve.requests.clear()
-    res = run(pve, fakepve_cafile, devices=GPUS[:9])
+    res = run(pve, fakepve_cafile, devices=GPUS[:9], allow_device_removal=True)
     assert res['restart_required'] is True and res['restarted'] is False
     assert [p for m, p, _ in writes(pve)] == ['/nodes/pve1/lxc/120/config']
     pve.requests.clear()
-    res = run(pve, fakepve_cafile, devices=GPUS[:8], allow_restart=True)
+    res = run(pve, fakepve_cafile, devices=GPUS[:8], allow_restart=True, allow_device_removal=True)
     assert res['restarted'] is True
     assert [p for m, p, _ in writes(pve)] == ['/nodes/pve1/lxc/120/config', '/nodes/pve1/lxc/120/status/shutdown',
                                               '/nodes/pve1/lxc/120/status/start']
@@ -197,6 +197,8 @@ def test_refuses_container_it_did_not_create(pve, fakepve_cafile):
     for state in ('started', 'absent'):
         res = run(pve, fakepve_cafile, state=state)
         assert res.failed and 'not created by this package' in res['msg'], res
+        assert 'set pve_container_adopt: true' in res['msg']    # the role variable a role user sets
+        assert res['status'] == res['status_before'] == 'running'   # what was seen, not 'absent'
     assert pve.ct(120) is not None and pve.ct(120).status == 'running'
     assert writes(pve) == []
     res = run(pve, fakepve_cafile, state='absent', adopt=True)
@@ -278,3 +280,102 @@ def test_container_restored_after_a_lab_restart_is_unchanged(pve, fakepve_cafile
     res = run(pve, fakepve_cafile, state='stopped')
     assert not res.failed, res['msg']
     assert res['changed'] is False and writes(pve) == []
+
+
+def test_removing_a_passed_through_gpu_is_refused_unless_allowed(pve, fakepve_cafile):
+    """A GPU missing from the device list (fell off the bus, or a shorter list) is never dropped silently."""
+    run(pve, fakepve_cafile)
+    pve.requests.clear()
+    without_gpu3 = [d for d in GPUS if d['path'] != '/dev/nvidia3']
+    for check in (True, False):
+        res = run(pve, fakepve_cafile, check=check, devices=without_gpu3, allow_restart=True)
+        assert res.failed, res
+        assert res['msg'].startswith('refusing to remove /dev/nvidia3 from CT 120')
+        assert 'pve_container_allow_gpu_removal: true' in res['msg']
+        assert res['removed_devices'] == ['/dev/nvidia3'] and res['status'] == 'running'
+    assert writes(pve) == []
+    assert '/dev/nvidia3' in pve.ct(120).config['dev3']
+    res = run(pve, fakepve_cafile, devices=without_gpu3, allow_restart=True, allow_device_removal=True)
+    assert not res.failed, res['msg']
+    assert res['removed_devices'] == ['/dev/nvidia3'] and res['restarted']
+    assert not any('/dev/nvidia3,' in str(v) for v in pve.ct(120).config.values())
+
+
+def test_adding_a_gpu_is_no_removal(pve, fakepve_cafile):
+    run(pve, fakepve_cafile, state='stopped', devices=GPUS[:1] + GPUS[8:])
+    res = run(pve, fakepve_cafile, state='stopped', devices=GPUS[:2] + GPUS[8:])
+    assert not res.failed, res['msg']
+    assert res['removed_devices'] == [] and 'dev1' in res['changed_keys']
+
+
+@pytest.mark.parametrize('start, state, before, after', [
+    (None, 'started', 'absent', 'running'),        # would be created and started
+    ('stopped', 'started', 'stopped', 'running'),  # would be started
+    ('running', 'started', 'running', 'running'),
+    ('running', 'stopped', 'running', 'stopped'),  # would be stopped
+    ('stopped', 'present', 'stopped', 'stopped'),
+])
+def test_check_mode_reports_the_status_seen_and_the_status_predicted(pve, fakepve_cafile, start, state, before,
+                                                                      after):
+    if start:
+        run(pve, fakepve_cafile, state='started' if start == 'running' else 'stopped')
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, check=True, diff=True, state=state)
+    assert not res.failed, res['msg']
+    assert (res['status_before'], res['status']) == (before, after)
+    assert res['changed'] is (before != after or start is None)
+    assert writes(pve) == []
+
+
+def test_check_mode_destroy_shows_what_would_go_and_keeps_it(pve, fakepve_cafile):
+    run(pve, fakepve_cafile)
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, check=True, diff=True, state='absent')
+    assert res['changed'] and res['destroyed'] and res['status'] == 'absent' and res['status_before'] == 'running'
+    assert res['diff']['after'] == {}
+    assert res['diff']['before']['dev0'] == '/dev/nvidia0,mode=0666'
+    assert res['diff']['before']['mp0'] == '/srv/glm5/models,backup=0,mp=/models'
+    assert writes(pve) == [] and pve.ct(120).status == 'running'
+
+
+def one_line(msg):
+    assert '\n' not in msg and len(msg) < 400, msg
+    assert 'HTTPSConnectionPool' not in msg and 'Max retries' not in msg and 'object at 0x' not in msg, msg
+    return msg
+
+
+def test_api_refusing_connections_is_one_clear_line(pve, fakepve_cafile):
+    import socket
+    with socket.socket() as s:       # a loopback port nobody listens on
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    res = run(pve, fakepve_cafile, api_host='127.0.0.1', api_port=port)
+    msg = one_line(res['msg'])
+    assert msg.startswith('cannot reach the PVE API at https://127.0.0.1:{0} (connection refused)'.format(port))
+    assert 'pve_container_api_host / pve_container_api_port' in msg and 'pveproxy' in msg
+
+
+def test_api_certificate_from_another_ca_is_one_clear_line(pve, tmp_path):
+    import certifi
+    other = tmp_path / 'public-cas.pem'     # trusted roots, none of which signed the API's certificate
+    other.write_text(open(certifi.where()).read())
+    res = run(pve, str(other))
+    msg = one_line(res['msg'])
+    assert msg.startswith('TLS check of the PVE API at ' + pve.url + ' failed (certificate verify failed')
+    assert 'pve_container_api_ca_file' in msg and '/etc/pve/pve-root-ca.pem' in msg
+
+
+def test_api_wrong_password_is_one_clear_line(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, api_password='not-the-password')
+    msg = one_line(res['msg'])
+    assert msg.startswith('the PVE API at ' + pve.url + ' refused the login (user or password not accepted)')
+    assert 'pve_container_api_user / pve_container_api_password' in msg
+    assert pve.ct(120) is None
+
+
+def test_api_that_does_not_answer_is_one_clear_line(pve, fakepve_cafile):
+    pve.flaky_network(hang_rate=1.0, hang_secs=5)
+    res = run(pve, fakepve_cafile, api_timeout=1)
+    msg = one_line(res['msg'])
+    assert msg.startswith('the PVE API at ' + pve.url + ' did not answer within 1 s')
+    assert 'pve_container_api_host / pve_container_api_port' in msg

@@ -9,14 +9,16 @@ from ansible.module_utils.basic import env_fallback, missing_required_lib
 
 PROXMOXER_IMP_ERR = None
 try:
+    import requests
     from proxmoxer import ProxmoxAPI
-    from proxmoxer.core import ResourceException
+    from proxmoxer.core import AuthenticationError, ResourceException
     from proxmoxer.tools import Tasks
     HAS_PROXMOXER = True
 except ImportError:  # pragma: no cover - reported through missing_required_lib
     HAS_PROXMOXER = False
     PROXMOXER_IMP_ERR = traceback.format_exc()
-    ResourceException = Exception
+    ResourceException = AuthenticationError = Exception
+    requests = None
 
 
 def pve_auth_argument_spec():
@@ -57,14 +59,69 @@ def error_text(exc):
     return str(exc)
 
 
+def _ssl_reason(exc):
+    """The short reason inside urllib3's long SSLError text: 'certificate verify failed: ...' or the like."""
+    text = str(exc)
+    m = re.search(r'(certificate verify failed: [^(\]\')"]+|Hostname mismatch[^(\]\')"]*|'
+                  r'wrong version number|[a-z ]*handshake failure)', text)
+    if m:
+        return m.group(1).strip().rstrip(',')
+    return text.rsplit(':', 1)[-1].strip(' )\'"') or text
+
+
+def describe_error(exc, url, names=None, api_timeout=None, token=False):
+    """One line for an error talking to the PVE API at url: what went wrong and what to check.
+
+    names maps option names (api_host, api_password, ca_file, ...) to how the caller's users know them,
+    e.g. the role variables; an option without a name there is called by its own name.
+    """
+    def name(*opts):
+        return ' / '.join((names or {}).get(o, o) for o in opts)
+
+    if requests is not None and isinstance(exc, requests.exceptions.SSLError):
+        return ('TLS check of the PVE API at {0} failed ({1}): set {2} to the cluster CA (a copy of '
+                '/etc/pve/pve-root-ca.pem from the node) and use a host name the certificate holds in {3}'.format(
+                    url, _ssl_reason(exc), name('ca_file'), name('api_host')))
+    if requests is not None and isinstance(exc, requests.exceptions.Timeout):
+        return ('the PVE API at {0} did not answer within {1} s: check {2}, the firewall, and that pveproxy runs '
+                'on the node (systemctl status pveproxy)'.format(url, api_timeout or '?', name('api_host', 'api_port')))
+    if requests is not None and isinstance(exc, requests.exceptions.ConnectionError):
+        text = str(exc)
+        if 'Connection refused' in text:
+            why = 'connection refused'
+        elif re.search(r'Name or service not known|NameResolutionError|getaddrinfo failed|'
+                       r'Temporary failure in name resolution', text):
+            why = 'the host name does not resolve'
+        elif 'No route to host' in text or 'Network is unreachable' in text:
+            why = 'no route to the host'
+        else:
+            why = 'connection failed: ' + text.rsplit(':', 1)[-1].strip(' )\'"')
+        return ('cannot reach the PVE API at {0} ({1}): check {2} and that pveproxy runs on the node '
+                '(systemctl status pveproxy)'.format(url, why, name('api_host', 'api_port')))
+    if isinstance(exc, AuthenticationError) or (isinstance(exc, ResourceException) and exc.status_code == 401):
+        return 'the PVE API at {0} refused the login ({1}): check {2}'.format(
+            url, error_text(exc) if isinstance(exc, ResourceException) else 'user or password not accepted',
+            name('api_token_id', 'api_token_secret') if token else name('api_user', 'api_password'))
+    return error_text(exc)
+
+
 class PveApi(object):
     """One authenticated proxmoxer connection for a module."""
 
-    def __init__(self, module):
+    def __init__(self, module, names=None):
         self.module = module
+        self.names = names or {}
         if not HAS_PROXMOXER:
             module.fail_json(msg=missing_required_lib('proxmoxer'), exception=PROXMOXER_IMP_ERR)
         self.api = None
+
+    @property
+    def url(self):
+        return 'https://{0}:{1}'.format(self.module.params['api_host'], self.module.params['api_port'])
+
+    def describe(self, exc):
+        """describe_error for this connection."""
+        return describe_error(exc, self.url, self.names, self.module.params.get('api_timeout'), self.using_token)
 
     @property
     def using_token(self):
@@ -88,15 +145,16 @@ class PveApi(object):
             self.api = ProxmoxAPI(**kwargs)
             self.api.version.get()
         except Exception as exc:  # proxmoxer raises several types; all mean "cannot talk to PVE"
-            self.module.fail_json(msg='Cannot connect to the PVE API at {0}:{1} as {2}: {3}'.format(
-                p['api_host'], p['api_port'], kwargs['user'], error_text(exc)))
+            self.module.fail_json(msg=self.describe(exc))
         return self.api
 
     def wait_task(self, upid, what, timeout):
         """Wait for a task; WARNINGS: n counts as success. Raises PveTaskFailed with PVE's text."""
         status = Tasks.blocking_status(self.api, upid, timeout=timeout, polling_interval=0.5)
         if status is None:
-            raise PveTaskFailed('{0}: task {1} did not finish within {2}s'.format(what, upid, timeout))
+            raise PveTaskFailed('{0}: task {1} did not finish within {2} s; PVE may still be working on it (see the '
+                                'task log on the node); raise {3} if that is normal'.format(
+                                    what, upid, timeout, self.names.get('timeout', 'timeout')))
         exitstatus = status.get('exitstatus', '')
         if exitstatus == 'OK' or exitstatus.startswith('WARNINGS'):
             return status

@@ -72,10 +72,19 @@ options:
       backup: {description: Include in vzdump backups., type: bool, default: false}
   ssh_public_keys: {description: Keys for root's authorized_keys. Used at creation only., type: str}
   allow_restart: {description: Restart a running container when a change needs it., type: bool, default: false}
+  allow_device_removal:
+    description:
+      - Allow a run to remove device nodes the existing container passes through now (a GPU that is missing
+        from I(devices)). Off, such a run fails before anything is written, in check mode too, naming the devices.
+    type: bool
+    default: false
   timeout: {description: Seconds to wait for each PVE task., type: int, default: 600}
 notes:
   - PVE lets only C(root@pam) set C(dev[n]), bind mounts, hookscripts and features other than C(nesting).
-    With an API token such a request fails before any API call.
+    With an API token such a request fails before any API call. Tokens work for containers without them.
+  - Messages name the options as the C(pve_container) role's variables (C(pve_container_adopt) for I(adopt),
+    C(pve_container_api_ca_file) for I(ca_file), ...), since that is how most runs set them.
+  - Failure results report in C(status) the state the module saw (C(absent), C(stopped), C(running)).
 requirements: [proxmoxer >= 2.0]
 author: GLM-5 node maintainers
 '''
@@ -104,7 +113,15 @@ changed_keys: {description: Config keys written (or that would be in check mode)
 deleted_keys: {description: Config keys deleted (or that would be)., returned: always, type: list}
 restart_required: {description: A change waits for a restart that was not allowed., returned: always, type: bool}
 restarted: {description: The container was restarted to apply changes., returned: always, type: bool}
-status: {description: Container status after the run (predicted in check mode)., returned: always, type: str}
+status_before: {description: "Container status the module found: absent, stopped or running.", returned: always, type: str}
+status:
+  description: Container status after the run (predicted in check mode; on failure the status seen).
+  returned: always
+  type: str
+removed_devices:
+  description: Device paths the existing container passes through and the run would remove.
+  returned: always
+  type: list
 config: {description: The managed part of the container config after the run., returned: always, type: dict}
 '''
 
@@ -113,11 +130,19 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.pve_api import (
     PVE_AUTH_MUTUALLY_EXCLUSIVE, PVE_AUTH_REQUIRED_ONE_OF, PVE_AUTH_REQUIRED_TOGETHER, PveApi, PveTaskFailed,
-    error_text, format_property_string, normalise_value, pve_auth_argument_spec, values_match)
+    format_property_string, key_family, normalise_value, parse_property_string, pve_auth_argument_spec,
+    values_match)
 
 VMID_MIN, VMID_MAX = 100, 999999999
 # Keys PVE applies to a running container at once; anything else on a running container waits for a restart.
 HOT_KEYS = {'memory', 'swap', 'cores', 'onboot', 'tags', 'description', 'nameserver'}
+# How users of the pve_container role know each option (messages name these).
+ROLE_VARIABLES = dict(
+    {o: 'pve_container_' + o for o in ('api_host', 'api_port', 'api_user', 'api_password', 'api_token_id',
+                                       'api_token_secret', 'node', 'vmid', 'adopt', 'allow_restart', 'storage',
+                                       'ostemplate', 'hostname', 'state', 'managed_tag')},
+    validate_certs='pve_container_api_validate_certs', ca_file='pve_container_api_ca_file',
+    timeout='pve_container_task_timeout', allow_device_removal='pve_container_allow_gpu_removal')
 SAFE_PATH = re.compile(r'^/[^,=;\s]*$')
 TAG_RE = re.compile(r'^[a-z0-9_][a-z0-9_\-+.]*$')
 ONLY_ROOT_FEATURES_OK = {'nesting'}
@@ -160,6 +185,7 @@ def argument_spec():
         )),
         ssh_public_keys=dict(type='str', no_log=False),
         allow_restart=dict(type='bool', default=False),
+        allow_device_removal=dict(type='bool', default=False),
         timeout=dict(type='int', default=600),
     )
     return spec
@@ -264,9 +290,10 @@ class PveContainer(object):
     def __init__(self, module):
         self.module = module
         self.p = module.params
-        self.pve = PveApi(module)
+        self.pve = PveApi(module, ROLE_VARIABLES)
         self.result = dict(changed=False, vmid=self.p['vmid'], created=False, destroyed=False, changed_keys=[],
-                           deleted_keys=[], restart_required=False, restarted=False, status='absent', config={})
+                           deleted_keys=[], restart_required=False, restarted=False, status_before='absent',
+                           status='absent', removed_devices=[], config={})
         self.api = None
 
     # Thin API wrappers (one line each, so tests and readers see every call).
@@ -291,7 +318,7 @@ class PveContainer(object):
         except PveTaskFailed as exc:
             self.fail(str(exc))
         except Exception as exc:  # proxmoxer's ResourceException and transport errors
-            self.fail('{0}: {1}'.format(what, error_text(exc)))
+            self.fail('{0}: {1}'.format(what, self.pve.describe(exc)))
 
     def find(self):
         """(node, type) of the guest with our vmid anywhere in the cluster, or None."""
@@ -326,13 +353,22 @@ class PveContainer(object):
         self.api = self.pve.connect()
         found = self.call('listing guests', self.find)
         if found and (found[0] != self.p['node'] or found[1] != 'lxc'):
-            self.fail('vmid {0} is already used by a {1} guest on node {2}'.format(self.p['vmid'], found[1], found[0]))
+            self.fail('vmid {0} is already used by a {1} guest on node {2}: pick another {3}'.format(
+                self.p['vmid'], found[1], found[0], ROLE_VARIABLES['vmid']), status_before='other guest',
+                status='other guest')
+        config = None
+        if found:
+            # What is there, before anything else: a failure result then reports the state actually seen.
+            status = self.call('reading status', self._get_status)
+            self.result.update(status_before=status, status=status)
+            config = self.call('reading config', self._get_config)
+            self.ensure_ours(config)
         if self.p['state'] == 'absent':
-            return self.absent(found)
+            return self.absent(config)
         if not found:
             self.create()
         else:
-            self.update()
+            self.update(config)
         self.power()
         return self.result
 
@@ -340,19 +376,19 @@ class PveContainer(object):
     def ensure_ours(self, config):
         tags = normalise_value('tags', config.get('tags', '')).split(';')
         if self.p['managed_tag'] not in tags and not self.p['adopt']:
-            self.fail('container {0} ({1}) exists but was not created by this package (no {2!r} tag); '
-                      'refusing to change it. Pick another vmid, or set adopt=true to take it over.'.format(
-                          self.p['vmid'], config.get('hostname', '?'), self.p['managed_tag']))
+            self.fail('container {0} ({1}, {2}) exists but was not created by this package (no {3!r} tag); '
+                      'refusing to change or destroy it. Pick another {4}, or set {5}: true to take it over.'.format(
+                          self.p['vmid'], config.get('hostname', '?'), self.result['status'], self.p['managed_tag'],
+                          ROLE_VARIABLES['vmid'], ROLE_VARIABLES['adopt']))
 
-    def absent(self, found):
-        if not found:
+    def absent(self, config):
+        if config is None:
             return self.result
-        config = self.call('reading config', self._get_config)
-        self.ensure_ours(config)
-        self.result.update(changed=True, destroyed=True, diff=dict(before={'vmid': self.p['vmid']}, after={}))
+        before = {k: normalise_value(k, v) for k, v in sorted(config.items()) if k not in ('digest', 'lock')}
+        self.result.update(changed=True, destroyed=True, status='absent', diff=dict(before=before, after={}))
         if self.module.check_mode:
             return self.result
-        if self.call('reading status', self._get_status) == 'running':
+        if self.result['status_before'] == 'running':
             self.call('stopping', lambda: self._task(self._ct().status.stop.post(), 'stop CT {0}'.format(self.p['vmid'])))
         # PVE never deletes bind-mounted host paths; purge drops the container from jobs and HA.
         self.call('destroying', lambda: self._task(self._ct().delete(purge=1), 'destroy CT {0}'.format(self.p['vmid'])))
@@ -375,9 +411,7 @@ class PveContainer(object):
         self.call('creating', self._task, upid, 'create CT {0}'.format(self.p['vmid']))
 
     # ---------------------------------------------------------------- update
-    def update(self):
-        current = self.call('reading config', self._get_config)
-        self.ensure_ours(current)
+    def update(self, current):
         if 'unprivileged' in current or self.p['unprivileged']:
             have = str(current.get('unprivileged', '0')) == '1'
             if have != self.p['unprivileged']:
@@ -385,12 +419,12 @@ class PveContainer(object):
                           '(rebuild the container to change it)'.format(self.p['vmid'], 'un' if have else ''))
         want = desired_config(self.p)
         changed = sorted(k for k, v in want.items() if not values_match(k, v, current.get(k)))
+        self.refuse_device_removal(current)
         owned = re.compile(r'^(dev|mp)\d+$')
         deleted = sorted((k for k in current if owned.match(k) and k not in want), key=lambda k: (k[:2], len(k), k))
         managed_now = {k: str(current[k]) for k in list(want) + deleted if k in current}
         self.result['config'] = dict((k, normalise_value(k, v)) for k, v in current.items() if k in want)
-        status = self.call('reading status', self._get_status)
-        self.result['status'] = status
+        status = self.result['status_before']
         if not changed and not deleted:
             return
         after = {k: v for k, v in managed_now.items() if k not in deleted}
@@ -415,8 +449,23 @@ class PveContainer(object):
                 self.restart()
             else:
                 self.result['restart_required'] = True
-                self.module.warn('CT {0}: {1} take effect at the next restart; set allow_restart to restart '
-                                 'now'.format(self.p['vmid'], ', '.join(changed + deleted)))
+                self.module.warn('CT {0}: {1} take effect at the next restart; set {2}: true to restart '
+                                 'now'.format(self.p['vmid'], ', '.join(changed + deleted),
+                                              ROLE_VARIABLES['allow_restart']))
+
+    def refuse_device_removal(self, current):
+        """A device the container passes through now and this run would drop: refuse unless allowed."""
+        have = [parse_property_string(v, 'path').get('path') for k, v in sorted(current.items())
+                if key_family(k) == 'dev']
+        wanted = {d['path'] for d in self.p['devices']}
+        removed = [p for p in have if p and p not in wanted]
+        self.result['removed_devices'] = removed
+        if removed and not self.p['allow_device_removal']:
+            self.fail('refusing to remove {0} from CT {1}: the container passes {2} through now and this run\'s '
+                      'device list lacks {3}. If a GPU fell off the bus or its node is missing on the PVE host, fix '
+                      'the host first (nvidia-smi, dmesg); if dropping {3} is intended, set {4}: true'.format(
+                          ', '.join(removed), self.p['vmid'], 'it' if len(removed) == 1 else 'them',
+                          'it' if len(removed) == 1 else 'them', ROLE_VARIABLES['allow_device_removal']))
 
     def restart(self):
         vmid = self.p['vmid']
@@ -428,9 +477,12 @@ class PveContainer(object):
     # ---------------------------------------------------------------- power
     def power(self):
         want = self.p['state']
-        status = 'stopped' if self.result['created'] and self.module.check_mode else None
-        if status is None:
+        if self.result['created'] and self.module.check_mode:
+            status = 'stopped'
+        elif self.result['created'] or self.result['restarted']:
             status = self.call('reading status', self._get_status)
+        else:
+            status = self.result['status_before']
         self.result['status'] = status
         vmid = self.p['vmid']
         if want == 'started' and status != 'running':
