@@ -1,10 +1,16 @@
-"""The lab reconciler: how a PVE container config becomes an LXC config, and when PVE would refuse a start.
+"""The lab reconciler: how a PVE container config becomes an LXC config, and when PVE would refuse a start;
+how labd keeps the API state like /etc/pve.
 
-The last test drives the running lab (fakepve + reconciler + real LXC) through the PVE API; `make test`
-brings the lab up first and sets GLM5_LAB=1, so there it runs and never skips.
+The lab tests drive the running lab (fakepve + reconciler + real LXC) through the PVE API, or a second labd
+instance of their own; `make test` brings the lab up first and sets GLM5_LAB=1, so there they run and never skip.
 """
+import json
 import os
+import signal
+import socket
 import stat
+import subprocess
+import sys
 import time
 
 import labd
@@ -91,19 +97,6 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
     assert stat.S_ISDIR(os.stat(str(keep)).st_mode)
 
 
-def test_new_requests_survive_fakepve_dropping_old_ones():
-    def req(method, path):  # built at run time: equal constant tuples may be one object
-        return tuple([method, path, b''])
-    a, b, c, d = req('GET', '/a'), req('GET', '/b'), req('POST', '/c'), req('GET', '/b')
-    assert labd.new_requests([a, b], None) == [a, b]
-    assert labd.new_requests([a, b, c], b) == [c]
-    assert labd.new_requests([b, c, d], b) == [c, d]      # 'a' dropped: positions shifted
-    assert labd.new_requests([c, d], b) == [c, d]         # the last one read was dropped too
-    assert labd.new_requests([b, c, d], d) == []
-    equal_but_new = req('GET', '/b')
-    assert labd.new_requests([b, c, equal_but_new], b) == [c, equal_but_new]  # identity, not equality
-
-
 def test_write_config_keeps_passthrough_nodes_until_they_change(tmp_path, monkeypatch):
     monkeypatch.setattr(labd, 'cgroup_prefix', lambda: 'lxc.cgroup')
     lab = labd.LabLxc(labd.paths(str(tmp_path)))
@@ -118,3 +111,132 @@ def test_write_config_keeps_passthrough_nodes_until_they_change(tmp_path, monkey
     lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/zero'})
     assert not os.path.exists(node)
     assert os.stat(os.path.join(lab.ctdir(150), 'passthrough', 'dev', 'zero')).st_rdev == os.stat('/dev/zero').st_rdev
+
+
+def test_persist_all_writes_what_get_config_shows_and_forgets_destroyed(tmp_path):
+    from fakepve import FakePve
+    pve = FakePve(host='127.0.0.1', port=0)  # never started: only its model
+    ct = pve.add_ct(150, 'a', 'pve1', 'running', {'hostname': 'a', 'memory': 512, 'cores': 1, 'lock': 'backup'},
+                    defaults=False)
+    ct.pending.update(memory=2048, cores=None)                 # what the CT takes at its next start
+    pve.add_ct(151, None, 'pve1', 'stopped', {'lock': 'create'}, defaults=False)  # still being created
+    confdir = str(tmp_path / 'lxc')
+    os.makedirs(confdir)
+    (tmp_path / 'lxc' / '149.json').write_text('{}')          # a container the API no longer holds
+    (tmp_path / 'lxc' / '151.json').write_text('{"old": 1}')
+    params = {150: {'ostemplate': 'local:vztmpl/t.tar.gz', 'ssh-public-keys': 'ssh-ed25519 AAAA x'}}
+    assert labd.persist_all(pve, confdir, params) == {150, 151}
+    with open(os.path.join(confdir, '150.json')) as fh:
+        assert json.load(fh) == {'vmid': 150, 'config': {'hostname': 'a', 'memory': 2048}, 'create': params[150]}
+    assert sorted(os.listdir(confdir)) == ['150.json', '151.json']
+    assert (tmp_path / 'lxc' / '151.json').read_text() == '{"old": 1}'  # left alone until the create ends
+
+
+def free_port():
+    while True:
+        with socket.socket() as sock:
+            sock.bind(('127.0.0.1', 0))
+            port = sock.getsockname()[1]
+        if port not in (8006, 2024):
+            return port
+
+
+class SecondLab(object):
+    """`labd.py serve` of its own: its state in a temporary directory, its API on another port."""
+
+    def __init__(self, tmp_path, poll):
+        self.state = str(tmp_path / 'lab')
+        self.p = labd.paths(self.state)
+        self.port = free_port()
+        self.env = dict(os.environ, GLM5_LAB_STATE=self.state, GLM5_LAB_PORT=str(self.port),
+                        GLM5_LAB_POLL=str(poll))
+        self.logpath = str(tmp_path / 'labd-serve.log')
+        self.proc = None
+
+    def log(self):
+        with open(self.logpath, errors='replace') as fh:
+            return fh.read()[-3000:]
+
+    def serve(self):
+        """Start it and wait for its API; returns proxmoxer on it."""
+        from proxmoxer import ProxmoxAPI
+        with open(self.logpath, 'ab') as log:
+            self.proc = subprocess.Popen([sys.executable, labd.__file__, 'serve'], env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, 'the second labd exited:\n' + self.log()
+            try:
+                with open(self.p['password']) as fh:
+                    password = fh.read().strip()
+                return ProxmoxAPI('127.0.0.1', port=self.port, user='root@pam', password=password,
+                                  verify_ssl=self.p['ca'], timeout=30)
+            except Exception:  # not up yet: no secrets, refused, TLS
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def kill(self, sig=signal.SIGKILL, timeout=10):
+        """SIGKILL: labd and whatever it runs; SIGTERM: labd alone, which ends its pass and stops (labd.py stop)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if sig == signal.SIGKILL:
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its session only: labd and the tar/lxc it runs
+            self.proc.wait(30)
+
+    def purge(self):
+        """Stop it (a reconcile pass may be extracting a rootfs: let it end), then remove its LXC containers."""
+        self.kill(signal.SIGTERM, timeout=300)
+        subprocess.run([sys.executable, labd.__file__, 'purge'], env=self.env, check=True, timeout=300,
+                       capture_output=True)
+
+
+def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
+    """PVE writes the config file as part of the create or the change: once the client has seen the task
+    end (or the PUT return), killing labd cannot lose it. POLL=60: the reconciler passes only at start."""
+    if os.environ.get('GLM5_LAB') != '1':
+        pytest.skip('needs the lab host: run through `make test` (it sets GLM5_LAB=1 after make lab-up)')
+    from proxmoxer.core import ResourceException
+    from proxmoxer.tools import Tasks
+    vmid = 193
+    key = tmp_path / 'id'
+    subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', 'lab-persist', '-f', str(key)], check=True)
+    pubkey = (tmp_path / 'id.pub').read_text().strip()
+    lab = SecondLab(tmp_path, poll=60)
+    saved = os.path.join(lab.p['confdir'], '{0}.json'.format(vmid))
+    try:
+        api = lab.serve()
+        node = api.nodes('pve1')
+        tmpls = [v['volid'] for v in node.storage('local').content.get(content='vztmpl')]
+        assert tmpls, 'no lab template registered from {0}: run make lab-up'.format(labd.TEMPLATES)
+        upid = node.lxc.post(vmid=vmid, hostname='lab-persist', ostemplate=tmpls[0], rootfs='local-lvm:4',
+                             memory=512, tags='glm5-managed', **{'ssh-public-keys': pubkey})
+        assert Tasks.blocking_status(api, upid)['exitstatus'] == 'OK'
+        with pytest.raises(ResourceException) as again:  # PVE's refusal passes the front unchanged ...
+            node.lxc.post(vmid=vmid, hostname='other', ostemplate=tmpls[0], memory=256,
+                          **{'ssh-public-keys': 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA other'})
+        assert again.value.status_code in (400, 500) and str(vmid) in str(again.value)
+        node.lxc(vmid).config.put(memory=1024)
+        lab.kill()                                        # at once: no reconcile pass in between
+
+        api = lab.serve()
+        node = api.nodes('pve1')
+        assert [c['vmid'] for c in node.lxc.get()] == [vmid], \
+            'after the restart the API has forgotten CT {0} ({1} {2}):\n{3}'.format(
+                vmid, saved, 'exists' if os.path.exists(saved) else 'was never written', lab.log())
+        config = node.lxc(vmid).config.get()
+        assert (config['hostname'], config['memory'], config['tags']) == ('lab-persist', 1024, 'glm5-managed')
+        with open(saved) as fh:                           # ... and a refused create changes nothing
+            assert json.load(fh)['create'] == {'ostemplate': tmpls[0], 'ssh-public-keys': pubkey}
+        assert Tasks.blocking_status(api, node.lxc(vmid).delete())['exitstatus'] == 'OK'
+        assert not os.path.exists(saved), 'the destroy was not persisted before its task ended'
+    finally:
+        lab.purge()
+    assert labd.LabLxc(lab.p).vmids() == [], 'a container of the second lab remains'
+    assert not os.path.exists(lab.p['confdir'])

@@ -8,8 +8,19 @@ container the API holds exist as a real LXC container on this machine, the way p
     labd.py purge     stop, then destroy every lab container and forget the API state (host caches stay)
     labd.py serve     run in the foreground (what start runs)
 
+Like pveproxy in front of pvedaemon, labd's own front answers on https://127.0.0.1:8006 and forwards
+every request to fakepve on an internal loopback port. After a write (POST/PUT/DELETE) or a task read,
+and before it answers, the front writes the API state to <state>/pve/lxc/<vmid>.json (like /etc/pve),
+so whatever a client has seen finish survives a kill; a restart puts those containers back.
+
+Environment (a second instance, e.g. a test's, sets all three):
+    GLM5_LAB_STATE      state directory (default /var/lib/glm5-lab)
+    GLM5_LAB_PORT       the API port on 127.0.0.1 (default 8006)
+    GLM5_LAB_POLL       seconds between reconcile passes (default 0.5)
+    GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default /var/cache/glm5-lab/templates)
+
 Lab only: nothing here runs against a real PVE host. fakepve is used through its public Python API
-(FakePve, add_ct, store_file, FakeCt.start_error, the recorded requests); none of its code is copied.
+(FakePve, cts, ct, add_ct, store_file, FakeCt.config/pending/start_error); none of its code is copied.
 """
 from __future__ import annotations
 
@@ -37,10 +48,11 @@ from pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # n
 
 STATE = os.environ.get('GLM5_LAB_STATE', '/var/lib/glm5-lab')
 TEMPLATES = os.environ.get('GLM5_LAB_TEMPLATES', '/var/cache/glm5-lab/templates')
-HOST, PORT, NODE = '127.0.0.1', 8006, 'pve1'
+HOST, NODE = '127.0.0.1', 'pve1'
+PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
 SSH_PORT_BASE = 20000          # a lab container's sshd listens on 127.0.0.1:(20000 + vmid)
 FORBIDDEN_PORTS = {2024}       # taken on these machines by a process that is not ours
-POLL = 0.5                     # seconds between reconcile passes
+POLL = float(os.environ.get('GLM5_LAB_POLL', '0.5'))  # seconds between reconcile passes
 PVE_START_SECS = 2             # PVE seconds a start task takes: the window in which start_error is decided
 PVE_CREATE_SECS = 2
 LOG = logging.getLogger('labd')
@@ -336,23 +348,233 @@ class LabLxc(object):
         shutil.rmtree(ctdir)
 
 
-# ------------------------------------------------------------------ fakepve in this process
+# ------------------------------------------------------------------ fakepve and the front, in this process
+
+class Shared(object):
+    """What the front (loop thread) tells the reconciler (its own thread), under one lock.
+
+    create_params: vmid -> {ostemplate, ssh-public-keys}: create-only parameters, which PVE uses while it
+    builds the rootfs and keeps no copy of in the config.
+    fresh: vmids created again in the API while an old LXC container of that id still exists.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.create_params = {}
+        self.fresh = set()
+
+    def created(self, vmid, params, old_lxc_exists):
+        with self.lock:
+            self.create_params[vmid] = dict(params)
+            if old_lxc_exists:
+                self.fresh.add(vmid)  # a new container under an old id: never reuse the old rootfs
+            else:
+                self.fresh.discard(vmid)
+
+    def restored(self, vmid, params):
+        with self.lock:
+            self.create_params[vmid] = dict(params)
+
+    def params(self, vmid):
+        with self.lock:
+            return dict(self.create_params.get(vmid, {}))
+
+    def all_params(self):
+        with self.lock:
+            return dict((vmid, dict(v)) for vmid, v in self.create_params.items())
+
+    def take_fresh(self, vmid):
+        """True once if vmid was created again over an old LXC container."""
+        with self.lock:
+            if vmid in self.fresh:
+                self.fresh.discard(vmid)
+                return True
+            return False
+
+    def keep_only(self, vmids):
+        """Forget what belongs to containers the API no longer holds (a failed create, a destroy)."""
+        with self.lock:
+            for vmid in set(self.create_params) - set(vmids):
+                del self.create_params[vmid]
+            self.fresh &= set(vmids)
+
+
+def saved_config(ct):
+    """The config as GET /config shows it (pending values applied), less digest and lock."""
+    config = dict(ct.config)
+    for key, value in getattr(ct, 'pending', {}).items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return dict((k, v) for k, v in config.items() if k not in ('digest', 'lock'))
+
+
+def persist_all(pve, confdir, create_params):
+    """Write every container fakepve holds to <confdir>/<vmid>.json and remove those it no longer holds.
+
+    Runs in fakepve's loop thread, where its state may be read. A container still being created
+    (lock: create) has no config yet: whatever file its id has is left as it is until the task ends.
+    """
+    os.makedirs(confdir, exist_ok=True)
+    held = set()
+    for ct in list(pve.cts):
+        vmid = int(ct.vmid)
+        held.add(vmid)
+        if ct.config.get('lock') == 'create':
+            continue
+        data = json.dumps({'vmid': vmid, 'config': saved_config(ct), 'create': create_params.get(vmid, {})},
+                          indent=1, sort_keys=True)
+        write_if_changed(os.path.join(confdir, '{0}.json'.format(vmid)), data)
+    for name in os.listdir(confdir):
+        m = re.fullmatch(r'(\d+)\.json', name)
+        if m and int(m.group(1)) not in held:
+            os.unlink(os.path.join(confdir, name))
+    return held
+
+
+def create_values(query, body, content_type):
+    """The parameters of a create request as PVE reads them: query string, then a form or JSON body."""
+    values = {}
+    for key, val in urllib.parse.parse_qsl(query):
+        values.setdefault(key, val)
+    if body:
+        if content_type == 'application/json':
+            data = json.loads(body)
+            values.update(data if isinstance(data, dict) else {})
+        else:
+            form = {}
+            for key, val in urllib.parse.parse_qsl(body.decode(errors='replace')):
+                form.setdefault(key, val)
+            values.update(form)
+    return values
+
+
+def answered_ok(path, status, data):
+    """True if the API call succeeded: HTTP 200, and under /api2/extjs also success=1 in the envelope."""
+    if status != 200:
+        return False
+    if not path.startswith('/api2/extjs/'):
+        return True
+    try:
+        return bool(json.loads(data).get('success'))
+    except (ValueError, AttributeError):
+        return False
+
+
+WRITES = ('POST', 'PUT', 'DELETE')
+TASK_READ = re.compile(r'/api2/(?:json|extjs)/(?:nodes/[^/]+|cluster)/tasks(?:/.*)?')
+LXC_CREATE = re.compile(r'/api2/(?:json|extjs)/nodes/[^/]+/lxc/?')
+FORWARDED = ('Cookie', 'CSRFPreventionToken', 'Authorization', 'Content-Type')
+
+
+class Front(object):
+    """labd's own HTTPS server on HOST:PORT (pveproxy's place): forwards every request to fakepve and
+    persists the API state after a write or a task read, before the client gets the answer."""
+
+    def __init__(self, p, pve, shared):
+        self.p = p
+        self.pve = pve
+        self.shared = shared
+        self.lxc = LabLxc(p)
+        self.runner = None
+        self.session = None
+
+    async def start(self, host, port):
+        import ssl
+
+        import aiohttp
+        from aiohttp import web
+        client = ssl.create_default_context(cafile=self.p['ca'])
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=client), cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=600))
+        self.upstream = 'https://{0}:{1}'.format(HOST, self.pve.port)
+        # fakepve decides on body sizes (and answers with PVE's text); the front only must not refuse first.
+        app = web.Application(client_max_size=getattr(self.pve, 'client_max_size', 64 * 1024 ** 2) + 1024 ** 2)
+        app.router.add_route('*', '/{tail:.*}', self.handle)
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(self.p['cert'], self.p['key'])
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port, ssl_context=server).start()
+
+    async def stop(self):
+        if self.runner:
+            await self.runner.cleanup()
+            self.runner = None
+        if self.session:
+            await self.session.close()
+            self.session = None
+
+    def persist(self):
+        held = persist_all(self.pve, self.p['confdir'], self.shared.all_params())
+        self.shared.keep_only(held)
+
+    def note_create(self, request, body):
+        values = create_values(request.query_string, body, request.content_type)
+        if 'vmid' not in values:
+            return
+        vmid = int(values['vmid'])
+        params = dict((k, values[k]) for k in ('ostemplate', 'ssh-public-keys') if k in values)
+        self.shared.created(vmid, params, self.lxc.exists(vmid))
+
+    async def handle(self, request):
+        import aiohttp
+        import yarl
+        from aiohttp import web
+        body = await request.read()
+        headers = dict((k, request.headers[k]) for k in FORWARDED if k in request.headers)
+        try:
+            async with self.session.request(request.method, yarl.URL(self.upstream + request.raw_path, encoded=True),
+                                            headers=headers, data=body or None, allow_redirects=False) as resp:
+                data = await resp.read()
+                status, reason = resp.status, resp.reason
+                ctype = resp.headers.get('Content-Type')
+                cookies = resp.headers.getall('Set-Cookie', [])
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            LOG.error('front: %s %s: fakepve did not answer: %s', request.method, request.path, exc)
+            return web.json_response({'data': None, 'message': 'lab front: fakepve did not answer\n'}, status=502)
+        if request.method in WRITES or (request.method == 'GET' and TASK_READ.fullmatch(request.path)):
+            try:
+                if (request.method == 'POST' and LXC_CREATE.fullmatch(request.path)
+                        and answered_ok(request.path, status, data)):
+                    self.note_create(request, body)
+                self.persist()
+            except Exception as exc:  # the change happened but is not on disk: the client must not think it is
+                LOG.exception('front: persisting the API state after %s %s failed', request.method, request.path)
+                return web.json_response({'data': None, 'message': 'lab: unable to write the container config: '
+                                          '{0}\n'.format(exc)}, status=500)
+        out = web.Response(status=status, reason=reason, body=data,
+                           headers={'Content-Type': ctype} if ctype else None)
+        for cookie in cookies:
+            out.headers.add('Set-Cookie', cookie)
+        return out
+
 
 class Serving(object):
-    """One FakePve on a private event loop in a thread; the reconciler talks to it over HTTPS."""
+    """One FakePve on an internal loopback port and the front on HOST:PORT, both on one private event
+    loop in a thread; the reconciler talks to fakepve directly."""
 
     def __init__(self, p):
         from fakepve import FakePve
         with open(p['password']) as fh:
             password = fh.read().strip()
-        self.pve = FakePve(user='root@pam', password=password, host=HOST, port=PORT)
+        self.p = p
+        self.pve = FakePve(user='root@pam', password=password, host=HOST, port=0)
         self.pve.time_scale = 1.0
         self.pve.ct_secs['create'] = PVE_CREATE_SECS
         self.password = password
+        self.front = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name='fakepve', daemon=True)
         self.thread.start()
         self.call(self.pve.start(p['cert'], p['key']))
+
+    def start_front(self, shared, host=HOST, port=PORT):
+        """Answer clients from now on (after the saved state is back in fakepve)."""
+        self.front = Front(self.p, self.pve, shared)
+        self.call(self.front.start(host, port))
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
@@ -364,18 +586,11 @@ class Serving(object):
         return self.call(run())
 
     def stop(self):
+        if self.front:
+            self.call(self.front.stop())
+            self.do(self.front.persist)  # what finished since the last client read is kept too
         self.call(self.pve.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def new_requests(recorded, last):
-    """The requests recorded after `last` (found by identity: fakepve drops the oldest past its limit, so
-    positions shift while the list stays full)."""
-    if last is not None:
-        for i in range(len(recorded) - 1, -1, -1):
-            if recorded[i] is last:
-                return recorded[i + 1:]
-    return recorded
 
 
 def restore_ct(pve, saved, running):
@@ -391,56 +606,34 @@ def restore_ct(pve, saved, running):
 
 
 class Reconciler(object):
-    def __init__(self, p, serving):
+    def __init__(self, p, serving, shared):
         from proxmoxer import ProxmoxAPI
         self.p = p
         self.serving = serving
+        self.shared = shared
         self.lxc = LabLxc(p)
-        self.api = ProxmoxAPI(HOST, port=PORT, user='root@pam', password=serving.password, verify_ssl=p['ca'],
-                              timeout=30)
+        # fakepve itself, not the front: the reconciler only reads, and fakepve's own state needs no persisting
+        self.api = ProxmoxAPI(HOST, port=serving.pve.port, user='root@pam', password=serving.password,
+                              verify_ssl=p['ca'], timeout=30)
         self.started_pid = {}     # vmid -> the PVE pid of the start the LXC side has carried out
         self.failed_start = {}    # vmid -> the PVE pid whose LXC start failed (not retried)
-        self.last_request = None  # the newest recorded request already read (fakepve keeps the last 10000)
-        self.fresh = set()        # vmids created again in the API while the old LXC container still exists
-        self.create_params = {}   # vmid -> {ostemplate, ssh-public-keys} from its create request
         os.makedirs(p['confdir'], exist_ok=True)
 
-    # state that PVE keeps in /etc/pve survives a lab restart here
+    # state that PVE keeps in /etc/pve survives a lab restart here (the front writes it)
     def load(self):
         for name in sorted(os.listdir(self.p['confdir'])):
-            if not name.endswith('.json'):
+            if not re.fullmatch(r'\d+\.json', name):
                 continue
             with open(os.path.join(self.p['confdir'], name)) as fh:
                 saved = json.load(fh)
             vmid = saved['vmid']
-            self.create_params[vmid] = saved.get('create', {})
+            self.shared.restored(vmid, saved.get('create', {}))
             running = self.lxc.state(vmid) == 'running'
             onboot = str(saved['config'].get('onboot', '0')) == '1'
             ct = self.serving.do(restore_ct, self.serving.pve, saved, running or onboot)
             if running:
                 self.started_pid[vmid] = self.serving.do(lambda c: c.pid, ct)
             LOG.info('CT %s: restored (%s)', vmid, 'running' if running else 'onboot' if onboot else 'stopped')
-
-    def persist(self, vmid, config):
-        config = {k: v for k, v in config.items() if k not in ('digest', 'lock')}
-        data = json.dumps({'vmid': vmid, 'config': config, 'create': self.create_params.get(vmid, {})}, indent=1,
-                          sort_keys=True)
-        write_if_changed(os.path.join(self.p['confdir'], '{0}.json'.format(vmid)), data)
-
-    def read_requests(self):
-        """ostemplate and ssh-public-keys are create-only parameters: PVE uses them while it builds the rootfs
-        and keeps no copy in the config, so the lab reads them from the create request fakepve recorded."""
-        reqs = self.serving.do(lambda: list(self.serving.pve.requests))
-        for method, path, body in new_requests(reqs, self.last_request):
-            if method == 'POST' and re.fullmatch(r'/api2/json/nodes/[^/]+/lxc', path):
-                form = urllib.parse.parse_qs(body.decode(errors='replace'))
-                if 'vmid' in form:
-                    vmid = int(form['vmid'][0])
-                    if self.lxc.exists(vmid):
-                        self.fresh.add(vmid)  # a new container under an old id: never reuse the old rootfs
-                    self.create_params[vmid] = {
-                        k: form[k][0] for k in ('ostemplate', 'ssh-public-keys') if k in form}
-        self.last_request = reqs[-1] if reqs else self.last_request
 
     def set_start_error(self, vmid, message):
         ct = self.serving.do(self.serving.pve.ct, vmid)
@@ -455,7 +648,6 @@ class Reconciler(object):
         return os.path.join(TEMPLATES, name)
 
     def once(self):
-        self.read_requests()
         api_cts = {int(c['vmid']): c for c in self.api.nodes(NODE).lxc.get()}
         for vmid in sorted(api_cts):
             try:
@@ -467,29 +659,25 @@ class Reconciler(object):
                 LOG.info('CT %s: destroyed in the API, removing the LXC container', vmid)
                 self.lxc.destroy(vmid)
                 self.started_pid.pop(vmid, None)
-                try:
-                    os.unlink(os.path.join(self.p['confdir'], '{0}.json'.format(vmid)))
-                except FileNotFoundError:
-                    pass
+                self.failed_start.pop(vmid, None)
 
     def reconcile(self, vmid):
         ct = self.api.nodes(NODE).lxc(vmid)
         config = ct.config.get()
         self.set_start_error(vmid, start_error(config))
-        if vmid in self.fresh:
-            LOG.info('CT %s: created again in the API, removing the old LXC container first', vmid)
-            self.lxc.destroy(vmid)
+        if self.shared.take_fresh(vmid):
+            if os.path.exists(self.lxc.ctdir(vmid)):
+                LOG.info('CT %s: created again in the API, removing the old LXC container first', vmid)
+                self.lxc.destroy(vmid)
             self.started_pid.pop(vmid, None)
             self.failed_start.pop(vmid, None)
-            self.fresh.discard(vmid)
         if config.get('lock') == 'create':
             return
         status = ct.status.current.get()
         if not self.lxc.exists(vmid):
-            params = self.create_params.get(vmid, {})
+            params = self.shared.params(vmid)
             tmpl = params.get('ostemplate') or default_template()
             self.lxc.create(vmid, self.template_path(tmpl), params.get('ssh-public-keys'))
-        self.persist(vmid, config)
         self.lxc.write_config(vmid, config)
         lxc_state = self.lxc.state(vmid)
         pid = status.get('pid')
@@ -543,14 +731,18 @@ def serve(p):
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
     logging.getLogger('aiohttp.access').setLevel(logging.WARNING)
     ensure_secrets(p)
+    shared = Shared()
     serving = Serving(p)
     register_templates(serving)
-    rec = Reconciler(p, serving)
+    rec = Reconciler(p, serving, shared)
     rec.load()
+    # Clients only now: a write before the saved state is back would persist an API without it.
+    serving.start_front(shared)
     stop_event = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop_event.set())
     signal.signal(signal.SIGINT, lambda *a: stop_event.set())
-    LOG.info('fakepve listening on https://%s:%s (lab PVE node %s)', HOST, PORT, NODE)
+    LOG.info('PVE API on https://%s:%s (lab PVE node %s; fakepve on port %s; state %s)', HOST, PORT, NODE,
+             serving.pve.port, p['state'])
     rec.run(stop_event)
     LOG.info('stopping: shutting down lab containers')
     for vmid in rec.lxc.vmids():
@@ -587,8 +779,10 @@ def start(p):
     ensure_secrets(p)
     os.makedirs(p['state'], exist_ok=True)
     log = open(p['log'], 'ab')
+    # The daemon gets this environment (GLM5_LAB_PORT, _POLL, _TEMPLATES) and the state p names.
+    env = dict(os.environ, GLM5_LAB_STATE=p['state'], GLM5_LAB_PORT=str(PORT))
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), 'serve'], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
     with open(p['pid'], 'w') as out:
         out.write(str(proc.pid))
     deadline = time.monotonic() + 60
