@@ -1,29 +1,40 @@
-"""Filters that turn NVIDIA device nodes found on a PVE host into pve_container `devices` entries."""
+"""Filters that turn NVIDIA device nodes found on a PVE host into pve_container `devices` entries, and check
+them against what the inventory expects and what the driver reports."""
 from __future__ import annotations
 
 import re
+import xml.etree.ElementTree as ET
 
 DOCUMENTATION = r'''
 name: nvidia_passthrough
 short_description: NVIDIA device nodes found on a PVE host -> pve_container devices
 description:
   - Takes the C(files) list of M(ansible.builtin.find) over C(/dev) and C(/dev/nvidia-caps) and keeps the nodes
-    an NVIDIA container needs, each GPU (C(/dev/nvidiaN)) selected by index, then C(nvidiactl),
+    an NVIDIA container needs, each GPU (C(/dev/nvidiaN)) selected by its minor N, then C(nvidiactl),
     C(nvidia-uvm), C(nvidia-uvm-tools) and C(nvidia-caps/*).
-  - Fails when no GPU is found, when a selected GPU is missing, or when C(nvidiactl) or C(nvidia-uvm) is missing
-    (C(nvidia-modprobe -u -c0) creates the uvm and caps nodes on a real host).
+  - Fails with the problems C(nvidia_passthrough_problems) finds (without the count check).
+  - C(nvidia_passthrough_problems) returns those problems as a list of one-line messages, empty when all is well,
+    so a role can assert on it with a clear message. With I(count) and I(gpus=all), the GPUs found must be
+    exactly I(count). With I(driver_minors) (from C(nvidia_smi_minors)), the GPU nodes must match what the
+    driver reports.
+  - C(gpu_selection_problems) checks a selection alone (C(all) or a non-empty list of distinct minors; with
+    I(count), a list must have that many entries) and returns its problems, for a preflight assert.
+  - C(nvidia_smi_minors) takes the text of C(nvidia-smi -q -x) and returns the GPUs' minor numbers, sorted.
 options:
   _input: {description: The find module's files list (each with path and mode)., type: list, required: true}
-  gpus: {description: C(all) or a list of GPU indexes., type: raw, default: all}
+  gpus: {description: C(all) or a list of GPU minors (N of /dev/nvidiaN)., type: raw, default: all}
   mode: {description: C(host) to keep each node's host mode, or an octal mode for all., type: str, default: host}
+  count: {description: GPUs the node must have (nvidia_passthrough_problems only)., type: int}
+  driver_minors: {description: GPU minors the driver reports (nvidia_passthrough_problems only)., type: list}
 '''
 
 EXAMPLES = r'''
 devices: "{{ found.files | nvidia_passthrough(gpus=[0, 1]) }}"
+problems: "{{ found.files | nvidia_passthrough_problems(gpus='all', count=8, driver_minors=smi.stdout | nvidia_smi_minors) }}"
 '''
 
 RETURN = r'''
-_value: {description: "List of {path, mode} in passthrough order.", type: list}
+_value: {description: "List of {path, mode} in passthrough order; or a list of problems; or a list of minors.", type: list}
 '''
 
 try:
@@ -36,32 +47,96 @@ ALWAYS = ['/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools']
 REQUIRED = ['/dev/nvidiactl', '/dev/nvidia-uvm']
 
 
-def nvidia_passthrough(files, gpus='all', mode='host'):
+def _nodes(files):
     nodes = {f['path']: f for f in files if not f.get('isdir')}
     found = {int(GPU.match(p).group(1)): p for p in nodes if GPU.match(p)}
-    if not found:
-        raise AnsibleFilterError('no /dev/nvidiaN device nodes on the PVE host: is the NVIDIA driver loaded there?')
-    if gpus in ('all', None, ''):
-        wanted = sorted(found)
+    return nodes, found
+
+
+def _names(minors):
+    return ', '.join('/dev/nvidia{0}'.format(m) for m in sorted(minors)) or 'none'
+
+
+def gpu_selection_problems(gpus, count=None):
+    """What is wrong with a GPU selection ('all' or a non-empty list of distinct minors) and an expected count."""
+    if gpus == 'all':
+        problems = []
+    elif isinstance(gpus, (str, bytes, dict)) or not hasattr(gpus, '__iter__'):
+        return ['pve_container_gpus must be "all" or a list of GPU minors like [0, 1], got {0!r}'.format(gpus)]
+    elif not list(gpus):
+        return ['pve_container_gpus is an empty list: the node needs its GPUs '
+                '(to remove the container use pve_container_state: absent)']
+    elif any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+        return ['pve_container_gpus entries must be GPU minors (whole numbers >= 0), got {0!r}'.format(list(gpus))]
     else:
-        if isinstance(gpus, (str, int)):
-            gpus = [g for g in str(gpus).split(',') if g.strip()]
-        try:
-            wanted = sorted({int(g) for g in gpus})
-        except (TypeError, ValueError) as exc:
-            raise AnsibleFilterError('gpus must be "all" or a list of GPU indexes, got {0!r}'.format(gpus)) from exc
-        missing = [g for g in wanted if g not in found]
-        if missing:
-            raise AnsibleFilterError('GPU index(es) {0} not found on the PVE host (it has /dev/nvidia{1})'.format(
-                missing, ', /dev/nvidia'.join(str(i) for i in sorted(found))))
+        gpus = list(gpus)
+        twice = sorted({g for g in gpus if gpus.count(g) > 1})
+        problems = ['pve_container_gpus lists GPU {0} more than once: {1!r}'.format(
+            ', '.join(str(g) for g in twice), gpus)] if twice else []
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            problems.append('pve_container_gpu_count must be a whole number >= 1, got {0!r}'.format(count))
+        elif gpus != 'all' and not problems and len(gpus) != count:
+            problems.append('pve_container_gpus lists {0} GPU(s) but pve_container_gpu_count is {1}: set both to the '
+                            'same number of GPUs'.format(len(gpus), count))
+    return problems
+
+
+def _wanted(gpus, found):
+    problems = gpu_selection_problems(gpus)
+    if problems:
+        raise ValueError(problems[0])
+    return sorted(found) if gpus == 'all' else sorted(gpus)
+
+
+def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driver_minors=None):
+    nodes, found = _nodes(files)
+    problems = []
+    if not found:
+        return ['no /dev/nvidiaN device nodes on the PVE host: is the NVIDIA driver loaded there (nvidia-smi)?']
+    try:
+        wanted = _wanted(gpus, found)
+    except ValueError as exc:
+        return [str(exc)]
+    missing = [g for g in wanted if g not in found]
+    if missing:
+        problems.append('pve_container_gpus selects {0}, not on the PVE host (it has {1})'.format(
+            _names(missing), _names(found)))
+    if count is not None and gpus == 'all' and len(found) != int(count):
+        gaps = [m for m in range(max(found) + 1) if m not in found]
+        problems.append('found {0} GPU device node(s) on the PVE host ({1}) but pve_container_gpu_count is {2}{3}: '
+                        'a GPU that fell off the bus or did not come up must be fixed on the host first '
+                        '(nvidia-smi, dmesg | grep -i xid); for a node with fewer GPUs set pve_container_gpu_count'
+                        .format(len(found), _names(found), count,
+                                ' (missing {0})'.format(_names(gaps)) if gaps and len(found) < int(count) else ''))
+    if driver_minors is not None:
+        driver = sorted(int(m) for m in driver_minors)
+        no_node = [m for m in driver if m not in found]
+        no_gpu = [m for m in found if m not in driver]
+        if no_node or no_gpu:
+            problems.append('the driver reports GPUs with minors {0} (nvidia-smi -q) but /dev has {1}{2}{3}'.format(
+                driver, _names(found),
+                ': no device node for {0} (nvidia-modprobe -c N, or udev)'.format(_names(no_node)) if no_node else '',
+                ': {0} belong to no GPU the driver knows (stale nodes?)'.format(_names(no_gpu)) if no_gpu else ''))
+        if count is not None and gpus == 'all' and len(driver) != int(count):
+            problems.append('the driver reports {0} GPU(s) but pve_container_gpu_count is {1}'.format(
+                len(driver), count))
     absent = [p for p in REQUIRED if p not in nodes]
     if absent:
-        raise AnsibleFilterError('{0} missing on the PVE host: run nvidia-modprobe -u -c0 at boot before containers '
-                                 'start'.format(', '.join(absent)))
+        problems.append('{0} missing on the PVE host: run nvidia-modprobe -u -c0 at boot before containers start'
+                        .format(', '.join(absent)))
     if mode != 'host' and not re.fullmatch(r'0?[0-7]{3}', str(mode)):
-        raise AnsibleFilterError('mode must be "host" or octal like 0666, got {0!r}'.format(mode))
+        problems.append('pve_container_gpu_mode must be "host" or octal like 0666, got {0!r}'.format(mode))
+    return problems
+
+
+def nvidia_passthrough(files, gpus='all', mode='host'):
+    problems = nvidia_passthrough_problems(files, gpus=gpus, mode=mode)
+    if problems:
+        raise AnsibleFilterError('; '.join(problems))
+    nodes, found = _nodes(files)
     caps = sorted(p for p in nodes if p.startswith('/dev/nvidia-caps/'))
-    paths = [found[g] for g in wanted] + [p for p in ALWAYS if p in nodes] + caps
+    paths = [found[g] for g in _wanted(gpus, found)] + [p for p in ALWAYS if p in nodes] + caps
     out = []
     for path in paths:
         node_mode = nodes[path].get('mode', '0666') if mode == 'host' else mode
@@ -70,6 +145,23 @@ def nvidia_passthrough(files, gpus='all', mode='host'):
     return out
 
 
+def nvidia_smi_minors(xml_text):
+    """Minor numbers of the GPUs in `nvidia-smi -q -x` output, sorted."""
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as exc:
+        raise AnsibleFilterError('nvidia-smi -q -x gave no XML ({0}): {1!r}'.format(exc, str(xml_text)[:200])) from None
+    minors = []
+    for gpu in root.iter('gpu'):
+        text = (gpu.findtext('minor_number') or '').strip()
+        if not text.isdigit():
+            raise AnsibleFilterError('nvidia-smi -q -x: GPU {0} has no minor number ({1!r})'.format(
+                gpu.get('id'), text))
+        minors.append(int(text))
+    return sorted(minors)
+
+
 class FilterModule(object):
     def filters(self):
-        return {'nvidia_passthrough': nvidia_passthrough}
+        return {'nvidia_passthrough': nvidia_passthrough, 'nvidia_passthrough_problems': nvidia_passthrough_problems,
+                'nvidia_smi_minors': nvidia_smi_minors, 'gpu_selection_problems': gpu_selection_problems}

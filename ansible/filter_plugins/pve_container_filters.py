@@ -1,0 +1,78 @@
+"""Filters of the pve_container role: cross-host checks on the inventory's inference nodes (preflight), and
+why the plays inside a container must skip it (connect)."""
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+name: pve_container_conflicts
+short_description: What two inventory nodes share that they must not (container id, SSH endpoint, host directories)
+description:
+  - Takes one entry per inventory node (C(host), C(vmid), C(api) = API host:port, C(ssh) = address:port,
+    C(pve_host), C(dirs) = host directories bind-mounted into it) and returns one line for every clash that
+    involves I(host), empty when there is none.
+  - Container ids are unique in a PVE cluster, so two nodes with one vmid on one API would be one container
+    (the second run renames and re-mounts the first's). Two nodes on one SSH endpoint reach one container.
+    Two nodes bind-mounting one host directory on one PVE host share a model cache, SGLang cache or history.
+options:
+  _input: {description: The nodes (see above)., type: list, elements: dict, required: true}
+  host: {description: The inventory host to check., type: str, required: true}
+notes:
+  - C(pve_container_skip_reason) takes the pve_container module's result, the wanted state and whether this is
+    check mode, and says why the plays inside the container cannot enter it (absent, stopped, or running only in
+    check mode's prediction); empty when it runs.
+'''
+
+EXAMPLES = r'''
+problems: "{{ nodes | pve_container_conflicts(inventory_hostname) }}"
+reason: "{{ pve_container_result | pve_container_skip_reason(pve_container_state, ansible_check_mode) }}"
+'''
+
+RETURN = r'''
+_value: {description: One message per clash involving host., type: list, elements: str}
+'''
+
+
+def pve_container_conflicts(nodes, host):
+    me = next((n for n in nodes if n['host'] == host), None)
+    if me is None:
+        return []
+    problems = []
+    for other in nodes:
+        if other['host'] == host:
+            continue
+        if other['api'] == me['api'] and int(other['vmid']) == int(me['vmid']):
+            problems.append('{0} and {1} both use pve_container_vmid {2} on the PVE API {3}: container ids are unique '
+                            'in a cluster, so they would be one container; give each node its own'.format(
+                                host, other['host'], me['vmid'], me['api']))
+        if other['ssh'] == me['ssh']:
+            problems.append('{0} and {1} both reach their container at {2} (ansible_host:ansible_port): give each '
+                            'node its own address or port (in the lab: 20000 + vmid)'.format(
+                                host, other['host'], me['ssh']))
+        if other['pve_host'] == me['pve_host']:
+            shared = sorted(set(me['dirs']) & set(other['dirs']))
+            if shared:
+                problems.append('{0} and {1} both bind-mount {2} from {3}: each node needs its own model cache, '
+                                'SGLang cache and benchmark history directories'.format(
+                                    host, other['host'], ', '.join(shared), me['pve_host']))
+    return problems
+
+
+def pve_container_skip_reason(result, state, check_mode=False):
+    """Why the plays inside the container cannot enter it, or '' when it really runs."""
+    ct = 'CT {0}'.format(result['vmid'])
+    before, after = result['status_before'], result['status']
+    if after == 'absent':
+        if check_mode and before != 'absent':
+            return '{0} would be destroyed (pve_container_state: absent); --check leaves it'.format(ct)
+        return '{0} is absent (pve_container_state: absent)'.format(ct)
+    if check_mode and before == 'absent':
+        return '{0} does not exist yet; --check would create it'.format(ct)
+    if after != 'running':
+        return '{0} is {1} (pve_container_state: {2})'.format(ct, after, state)
+    if check_mode and before != 'running':
+        return '{0} is {1}; --check would start it'.format(ct, before)
+    return ''
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'pve_container_conflicts': pve_container_conflicts, 'pve_container_skip_reason': pve_container_skip_reason}

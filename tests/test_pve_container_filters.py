@@ -1,0 +1,68 @@
+"""pve_container_conflicts: two inventory nodes must not share a container id, SSH endpoint or host directory;
+pve_container_skip_reason: the plays inside a container enter it only when it really runs."""
+import pytest
+from pve_container_filters import pve_container_conflicts, pve_container_skip_reason
+
+
+def node(host, vmid, port, dirs, api='pve1.example.com:8006', pve_host='pve1', address='127.0.0.1'):
+    return {'host': host, 'vmid': vmid, 'api': api, 'ssh': '{0}:{1}'.format(address, port), 'pve_host': pve_host,
+            'dirs': dirs}
+
+
+A = node('glm5-a', 120, 20120, ['/srv/a/models', '/srv/a/cache', '/srv/a/history'])
+
+
+def test_distinct_nodes_have_no_conflicts():
+    b = node('glm5-b', 121, 20121, ['/srv/b/models', '/srv/b/cache', '/srv/b/history'])
+    assert pve_container_conflicts([A, b], 'glm5-a') == []
+    assert pve_container_conflicts([A, b], 'glm5-b') == []
+    assert pve_container_conflicts([A], 'glm5-a') == []
+    assert pve_container_conflicts([A], 'not-a-node') == []
+
+
+def test_same_vmid_on_one_api_is_a_conflict_for_both():
+    b = node('glm5-b', 120, 20121, ['/srv/b'])
+    for me, other in (('glm5-a', 'glm5-b'), ('glm5-b', 'glm5-a')):
+        assert pve_container_conflicts([A, b], me) == [
+            '{0} and {1} both use pve_container_vmid 120 on the PVE API pve1.example.com:8006: container ids are '
+            'unique in a cluster, so they would be one container; give each node its own'.format(me, other)]
+
+
+def test_same_vmid_on_another_cluster_is_fine():
+    b = node('glm5-b', 120, 20121, ['/srv/b'], api='pve9.example.com:8006', pve_host='pve9')
+    assert pve_container_conflicts([A, b], 'glm5-a') == []
+
+
+def test_same_ssh_endpoint_and_shared_directory():
+    b = node('glm5-b', 121, 20120, ['/srv/b/models', '/srv/a/history'])
+    problems = pve_container_conflicts([A, b], 'glm5-a')
+    assert problems == [
+        'glm5-a and glm5-b both reach their container at 127.0.0.1:20120 (ansible_host:ansible_port): give each '
+        'node its own address or port (in the lab: 20000 + vmid)',
+        'glm5-a and glm5-b both bind-mount /srv/a/history from pve1: each node needs its own model cache, SGLang '
+        'cache and benchmark history directories']
+
+
+def test_same_directory_on_another_pve_host_is_fine():
+    b = node('glm5-b', 121, 22, A['dirs'], pve_host='pve2', address='10.0.0.2')
+    assert pve_container_conflicts([A, b], 'glm5-a') == []
+
+
+@pytest.mark.parametrize('before, after, state, check, reason', [
+    ('running', 'running', 'started', False, ''),
+    ('stopped', 'running', 'started', False, ''),
+    ('absent', 'running', 'started', False, ''),
+    ('running', 'running', 'started', True, ''),
+    ('absent', 'running', 'started', True, 'CT 120 does not exist yet; --check would create it'),
+    ('stopped', 'running', 'started', True, 'CT 120 is stopped; --check would start it'),
+    ('running', 'stopped', 'stopped', True, 'CT 120 is stopped (pve_container_state: stopped)'),
+    ('running', 'stopped', 'stopped', False, 'CT 120 is stopped (pve_container_state: stopped)'),
+    ('stopped', 'stopped', 'present', False, 'CT 120 is stopped (pve_container_state: present)'),
+    ('absent', 'stopped', 'present', True, 'CT 120 does not exist yet; --check would create it'),
+    ('running', 'absent', 'absent', True, 'CT 120 would be destroyed (pve_container_state: absent); --check leaves it'),
+    ('running', 'absent', 'absent', False, 'CT 120 is absent (pve_container_state: absent)'),
+    ('absent', 'absent', 'absent', True, 'CT 120 is absent (pve_container_state: absent)'),
+])
+def test_skip_reason_for_every_state(before, after, state, check, reason):
+    result = {'vmid': 120, 'status_before': before, 'status': after}
+    assert pve_container_skip_reason(result, state, check) == reason
