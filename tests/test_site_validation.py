@@ -1,39 +1,93 @@
-"""Bad input to site.yml fails with a clear message before anything changes (on the running lab).
+"""Bad input to site.yml fails with one clear line before anything changes (on the running lab).
 
 Each case runs the real ansible-playbook against the lab inventory and then checks, through the PVE
 API, that no container was created or changed.
 """
-import json
 import os
-import subprocess
-import sys
 
+import certifi
 import pytest
+from siterun import ROOT, site, snapshot
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
+VMID = {'pve_container_vmid': 194, 'ansible_port': 20194}
 
 
-def snapshot(api):
-    return {int(c['vmid']): api.nodes('pve1').lxc(c['vmid']).config.get()['digest'] for c in api.nodes('pve1').lxc.get()}
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize('extra, words', [
     ({'pve_container_vmid': 42}, 'pve_container_vmid must be 100..999999999, got 42'),
     ({'pve_container_state': 'running'}, 'pve_container_state'),
     ({'pve_container_memory': 'lots'}, 'pve_container_memory'),
-    ({'pve_container_gpus': [9]}, 'GPU index(es) [9] not found on the PVE host'),
-    ({'pve_container_api_password': '', 'pve_container_api_token_id': 'root@pam!ci',
-      'pve_container_api_token_secret': 'x'}, 'PVE allows device passthrough (dev[n]) and bind mounts only to'),
+    # GPU selection: all, or a non-empty list of distinct minors, as many as pve_container_gpu_count
+    ({'pve_container_gpus': []}, 'pve_container_gpus is an empty list: the node needs its GPUs (to remove the '
+                                 'container use pve_container_state: absent)'),
+    ({'pve_container_gpus': [0, 0], 'pve_container_gpu_count': 2},
+     'pve_container_gpus lists GPU 0 more than once: [0, 0]'),
+    ({'pve_container_gpus': '0,1'}, 'pve_container_gpus must be "all" or a list of GPU minors like [0, 1]'),
+    ({'pve_container_gpus': [0, 1]}, 'pve_container_gpus lists 2 GPU(s) but pve_container_gpu_count is 8'),
+    ({'pve_container_gpus': [9], 'pve_container_gpu_count': 1},
+     'GPUs on pve-lab: pve_container_gpus selects /dev/nvidia9, not on the PVE host (it has /dev/nvidia0, '),
+    ({'pve_container_gpu_count': 4}, 'GPUs on pve-lab: found 8 GPU device node(s) on the PVE host'),
+    ({'pve_container_api_token_id': 'root@pam!ci', 'pve_container_api_token_secret': 'x'},
+     'pve_container_api_token_id/_secret are set, but this role passes GPUs (dev[n]) and bind mounts through'),
     ({'pve_container_extra_mounts': [{'host_path': 'relative/dir', 'path': '/x'}]}, 'needs absolute host_path'),
+    # the PVE API: down, another CA, a wrong password; one line each naming the address and what to check
+    ({'pve_container_api_port': 'FREE'}, 'cannot reach the PVE API at https://127.0.0.1:FREE (connection refused): '
+                                         'check pve_container_api_host / pve_container_api_port'),
+    ({'pve_container_api_ca_file': certifi.where()}, 'TLS check of the PVE API at https://127.0.0.1:8006 failed '
+                                                     '(certificate verify failed'),
+    ({'pve_container_api_password': 'not-the-password'},
+     'the PVE API at https://127.0.0.1:8006 refused the login (user or password not accepted): check '
+     'pve_container_api_user / pve_container_api_password'),
 ])
 def test_bad_input_fails_before_any_change(lab_api, extra, words):
+    if extra.get('pve_container_api_port') == 'FREE':
+        port = free_port()
+        extra, words = dict(extra, pve_container_api_port=port), words.replace('FREE', str(port))
     before = snapshot(lab_api)
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
-    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
-    run = subprocess.run([PLAYBOOK, 'site.yml', '-e', json.dumps(dict(extra, pve_container_vmid=extra.get(
-        'pve_container_vmid', 194), ansible_port=20194))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = ' '.join((run.stdout + run.stderr).split())
-    assert run.returncode != 0, out[-2000:]
-    assert words in out, out[-2000:]
+    run = site(dict(VMID, **extra))
+    assert run.rc != 0, run
+    assert words in run.out, run
+    assert 'Finalization of task args' not in run.out and 'HTTPSConnectionPool' not in run.out, run
+    assert snapshot(lab_api) == before
+
+
+def two_nodes(tmp_path, b):
+    """A lab inventory with glm5-a (vmid 194) and glm5-b (its host variables b)."""
+    import yaml
+    hosts = {'all': {'children': {
+        'pve_hosts': {'hosts': {'pve-lab': {'ansible_connection': 'local',
+                                            'ansible_python_interpreter': '{{ ansible_playbook_python }}'}}},
+        'inference_nodes': {'hosts': {
+            'glm5-a': {'pve_container_vmid': 194, 'ansible_host': '127.0.0.1', 'ansible_port': 20194},
+            'glm5-b': dict({'ansible_host': '127.0.0.1'}, **b)}}}}}
+    (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(hosts))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(tmp_path / 'group_vars'))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize('b, words', [
+    ({'pve_container_vmid': 194, 'ansible_port': 20195},
+     'both use pve_container_vmid 194 on the PVE API 127.0.0.1:8006'),
+    ({'pve_container_vmid': 195, 'ansible_port': 20194},
+     'both reach their container at 127.0.0.1:20194'),
+    ({'pve_container_vmid': 195, 'ansible_port': 20195, 'pve_container_model_cache_dir': '/srv/glm5-lab/other',
+      'pve_container_sglang_cache_dir': '/srv/glm5-lab/other-cache'},
+     'both bind-mount /srv/glm5-lab/bench-history from pve-lab'),
+])
+def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api, tmp_path, b, words):
+    before = snapshot(lab_api)
+    inventory = two_nodes(tmp_path, b)
+    for args in ((), ('--check', '--diff'), ('--limit', 'glm5-b')):   # --limit: the other node still counts
+        run = site(None, *args, inventory=inventory)
+        assert run.rc != 0, run
+        assert words in run.out and ('glm5-a and glm5-b ' + words in run.out or 'glm5-b and glm5-a ' + words in run.out), run
+        assert 'fatal: [glm5-b]' in run.raw, run
+        if '--limit' not in args:
+            assert 'fatal: [glm5-a]' in run.raw, run
     assert snapshot(lab_api) == before

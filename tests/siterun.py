@@ -1,0 +1,38 @@
+"""Run the real ansible-playbook on site.yml against the lab, the way a user does (shared by the site tests)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
+
+
+class Run(object):
+    def __init__(self, proc):
+        self.rc = proc.returncode
+        self.raw = proc.stdout + proc.stderr
+        self.out = ' '.join(self.raw.split())     # the YAML callback wraps long messages
+
+    def __repr__(self):
+        return 'rc={0}\n{1}'.format(self.rc, self.raw[-4000:])
+
+
+def site(extra=None, *args, inventory=None, playbook='site.yml'):
+    """ansible-playbook <playbook> -e <extra as JSON> [args] with the project's ansible.cfg; returns a Run."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_FORCE_COLOR='0')
+    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
+    cmd = [PLAYBOOK, playbook]
+    if inventory:
+        cmd += ['-i', inventory]
+    if extra:
+        cmd += ['-e', json.dumps(extra)]
+    cmd += list(args)
+    return Run(subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
+
+
+def snapshot(api):
+    """vmid -> (config digest, status) of every container the lab API holds."""
+    node = api.nodes('pve1')
+    return {int(c['vmid']): (node.lxc(c['vmid']).config.get()['digest'], c['status']) for c in node.lxc.get()}
