@@ -13,7 +13,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
-from nvidia_devices import nvidia_passthrough
+from nvidia_devices import nvidia_passthrough, nvidia_passthrough_problems, nvidia_smi_minors
 
 pytestmark = pytest.mark.gpu
 
@@ -40,7 +40,7 @@ def host():
                 m = re.match(r'\s*(\d+)\s+(nvidia\S*)$', line)
                 if m:
                     majors.setdefault(m.group(2), int(m.group(1)))
-    return {'minors': minors, 'files': files, 'majors': majors}
+    return {'minors': minors, 'files': files, 'majors': majors, 'xml': xml}
 
 
 def test_every_gpu_the_driver_reports_is_passed_through(host):
@@ -68,3 +68,13 @@ def test_device_majors_are_the_hosts_own(host):
 def test_host_modes_are_kept(host):
     for dev in nvidia_passthrough(host['files']):
         assert int(dev['mode'], 8) == stat.S_IMODE(os.stat(dev['path']).st_mode), dev
+
+
+def test_the_role_gpu_checks_pass_on_a_real_host(host):
+    """What the role asserts before passing GPUs through: the nodes in /dev match the driver's own list
+    (nvidia-smi -q -x, parsed by nvidia_smi_minors), as many as expected; one fewer expected is a problem."""
+    minors = nvidia_smi_minors(host['xml'])
+    assert minors == host['minors']
+    assert nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors), driver_minors=minors) == []
+    problems = nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors) + 1, driver_minors=minors)
+    assert any('pve_container_gpu_count is {0}'.format(len(minors) + 1) in p for p in problems), problems
