@@ -78,3 +78,25 @@ def test_the_role_gpu_checks_pass_on_a_real_host(host):
     assert nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors), driver_minors=minors) == []
     problems = nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors) + 1, driver_minors=minors)
     assert any('pve_container_gpu_count is {0}'.format(len(minors) + 1) in p for p in problems), problems
+
+
+def test_facts_module_on_a_real_host(host, capsys):
+    """nvidia_gpu_facts on the real driver: the facts agree with nvidia-smi's own XML and /proc. Needs the
+    ansible package importable (the device run carries it); prints the facts for the record."""
+    pytest.importorskip('ansible.module_utils.basic')
+    import json
+
+    import nvidia_gpu_facts
+    from ansible.module_utils.testing import patch_module_args
+    with patch_module_args({}), pytest.raises(SystemExit):
+        nvidia_gpu_facts.main()
+    facts = json.loads(capsys.readouterr().out)['nvidia_gpu']
+    with capsys.disabled():
+        print('\nnvidia_gpu_facts on this host:\n' + json.dumps(facts, indent=1, sort_keys=True))
+    assert facts['present'] and facts['error'] is None
+    assert sorted(g['minor'] for g in facts['gpus']) == host['minors']
+    assert facts['count'] == len(host['minors'])
+    assert all(g['uuid'].startswith('GPU-') and g['compute_cap'] and g['memory_total_mib'] > 0 for g in facts['gpus'])
+    assert facts['kernel_module']['version'] == facts['driver_version']
+    assert facts['majors']['nvidia'] == 195
+    assert len(facts['topology']) == len(host['minors']) * (len(host['minors']) - 1) // 2
