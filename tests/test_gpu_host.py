@@ -13,7 +13,8 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
-from nvidia_devices import nvidia_passthrough, nvidia_passthrough_problems, nvidia_smi_minors
+from nvidia_devices import nvidia_passthrough, nvidia_passthrough_problems
+from nvidia_facts import parse_smi_xml
 
 pytestmark = pytest.mark.gpu
 
@@ -72,8 +73,8 @@ def test_host_modes_are_kept(host):
 
 def test_the_role_gpu_checks_pass_on_a_real_host(host):
     """What the role asserts before passing GPUs through: the nodes in /dev match the driver's own list
-    (nvidia-smi -q -x, parsed by nvidia_smi_minors), as many as expected; one fewer expected is a problem."""
-    minors = nvidia_smi_minors(host['xml'])
+    (nvidia-smi -q -x, parsed as nvidia_gpu_facts does), as many as expected; one fewer expected is a problem."""
+    minors = sorted(g['minor'] for g in parse_smi_xml(host['xml'])['gpus'])
     assert minors == host['minors']
     assert nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors), driver_minors=minors) == []
     problems = nvidia_passthrough_problems(host['files'], gpus='all', count=len(minors) + 1, driver_minors=minors)

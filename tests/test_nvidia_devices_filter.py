@@ -4,7 +4,8 @@ import os
 import re
 
 import pytest
-from nvidia_devices import gpu_selection_problems, nvidia_passthrough, nvidia_passthrough_problems, nvidia_smi_minors
+from nvidia_devices import gpu_selection_problems, nvidia_passthrough, nvidia_passthrough_problems
+from nvidia_facts import parse_smi_xml
 
 H200 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'nvidia-smi', 'h200-1gpu-firecracker')
 
@@ -115,23 +116,25 @@ def test_a_missing_gpu_node_fails_the_expected_count():
         'found 9 GPU device node(s)')
 
 
-def test_nvidia_smi_minors_from_the_recorded_h200():
-    assert nvidia_smi_minors(recorded('nvidia-smi-q.xml')) == [0]
+def driver_minors(xml):
+    """The minors nvidia_gpu_facts reports (its XML parser), as the role passes them."""
+    return [g['minor'] for g in parse_smi_xml(xml)['gpus']]
 
 
-def test_nvidia_smi_minors_refuses_what_is_not_its_xml():
-    with pytest.raises(Exception, match='nvidia-smi -q -x gave no XML'):
-        nvidia_smi_minors('NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.')
-    with pytest.raises(Exception, match='has no minor number'):
-        nvidia_smi_minors('<nvidia_smi_log><gpu id="00000000:01:00.0"><minor_number>N/A</minor_number></gpu>'
-                          '</nvidia_smi_log>')
+def test_a_gpu_without_a_minor_number_is_a_problem():
+    minors = driver_minors('<nvidia_smi_log><gpu id="00000000:01:00.0"><minor_number>N/A</minor_number></gpu>'
+                           '</nvidia_smi_log>')
+    assert minors == [None]
+    assert 'the driver reports a GPU without a minor number' in nvidia_passthrough_problems(
+        EIGHT, driver_minors=minors)[0]
 
 
 def test_recorded_h200_host_passes_through_its_one_gpu_matching_the_driver():
     files = h200_files()
     assert {f['path'] for f in files} == {'/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools',
                                           '/dev/nvidia-caps/nvidia-cap1', '/dev/nvidia-caps/nvidia-cap2'}
-    minors = nvidia_smi_minors(recorded('nvidia-smi-q.xml'))
+    minors = driver_minors(recorded('nvidia-smi-q.xml'))
+    assert minors == [0]
     assert nvidia_passthrough_problems(files, gpus='all', count=1, driver_minors=minors) == []
     out = nvidia_passthrough(files)
     assert out[0] == {'path': '/dev/nvidia0', 'mode': '0666'}
@@ -139,7 +142,7 @@ def test_recorded_h200_host_passes_through_its_one_gpu_matching_the_driver():
 
 
 def test_device_nodes_that_disagree_with_the_driver_are_a_problem():
-    minors = nvidia_smi_minors(recorded('nvidia-smi-q.xml'))      # the driver knows one GPU, minor 0
+    minors = driver_minors(recorded('nvidia-smi-q.xml'))      # the driver knows one GPU, minor 0
     problems = nvidia_passthrough_problems(EIGHT, gpus='all', count=8, driver_minors=minors)
     assert any(p.startswith('the driver reports GPUs with minors [0] (nvidia-smi -q) but /dev has /dev/nvidia0, ')
                and '/dev/nvidia7 belong to no GPU the driver knows' in p for p in problems), problems

@@ -41,13 +41,14 @@ def test_a_normal_run_changes_nothing_and_warns_nothing(ct):
 def test_a_shorter_gpu_list_is_refused_before_any_change(ct, lab_api):
     """Was: gpus [0] (or []) removed seven GPUs from the running container, restarted it, rc=0."""
     before = snapshot(lab_api)
-    run = site(dict(NODE, pve_container_gpus=[0], pve_container_gpu_count=1))
+    one = dict(NODE, pve_container_gpus=[0], pve_container_gpu_count=1, gpu_preflight_gpu_count=8)  # host: 8
+    run = site(one)
     assert run.rc != 0, run
     assert 'refusing to remove /dev/nvidia1, /dev/nvidia2, /dev/nvidia3, /dev/nvidia4, /dev/nvidia5, /dev/nvidia6, ' \
            '/dev/nvidia7 from CT 196' in run.out, run
     assert 'set pve_container_allow_gpu_removal: true' in run.out, run
     assert snapshot(lab_api) == before
-    run = site(dict(NODE, pve_container_gpus=[0], pve_container_gpu_count=1), '--check', '--diff')
+    run = site(one, '--check', '--diff')
     assert run.rc != 0 and 'refusing to remove /dev/nvidia1' in run.out, run
 
 

@@ -26,13 +26,17 @@ def free_port():
     # GPU selection: all, or a non-empty list of distinct minors, as many as pve_container_gpu_count
     ({'pve_container_gpus': []}, 'pve_container_gpus is an empty list: the node needs its GPUs (to remove the '
                                  'container use pve_container_state: absent)'),
-    ({'pve_container_gpus': [0, 0], 'pve_container_gpu_count': 2},
+    # (gpu_preflight_gpu_count: 8 keeps the host preflight, which follows pve_container_gpu_count, content)
+    ({'pve_container_gpus': [0, 0], 'pve_container_gpu_count': 2, 'gpu_preflight_gpu_count': 8},
      'pve_container_gpus lists GPU 0 more than once: [0, 0]'),
     ({'pve_container_gpus': '0,1'}, 'pve_container_gpus must be "all" or a list of GPU minors like [0, 1]'),
     ({'pve_container_gpus': [0, 1]}, 'pve_container_gpus lists 2 GPU(s) but pve_container_gpu_count is 8'),
-    ({'pve_container_gpus': [9], 'pve_container_gpu_count': 1},
+    ({'pve_container_gpus': [9], 'pve_container_gpu_count': 1, 'gpu_preflight_gpu_count': 8},
      'GPUs on pve-lab: pve_container_gpus selects /dev/nvidia9, not on the PVE host (it has /dev/nvidia0, '),
-    ({'pve_container_gpu_count': 4}, 'GPUs on pve-lab: found 8 GPU device node(s) on the PVE host'),
+    ({'pve_container_gpu_count': 4, 'gpu_preflight_gpu_count': 4},   # the host preflight says it first
+     '8 GPU(s) found, the inventory expects 4'),
+    ({'pve_container_gpu_count': 4, 'gpu_preflight_gpu_count': 8},   # and the container play on its own
+     'GPUs on pve-lab: found 8 GPU device node(s) on the PVE host'),
     ({'pve_container_api_token_id': 'root@pam!ci', 'pve_container_api_token_secret': 'x'},
      'pve_container_api_token_id/_secret are set, but this role passes GPUs (dev[n]) and bind mounts through'),
     ({'pve_container_extra_mounts': [{'host_path': 'relative/dir', 'path': '/x'}]}, 'needs absolute host_path'),

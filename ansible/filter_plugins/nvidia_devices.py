@@ -3,7 +3,6 @@ them against what the inventory expects and what the driver reports."""
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 
 DOCUMENTATION = r'''
 name: nvidia_passthrough
@@ -15,11 +14,10 @@ description:
   - Fails with the problems C(nvidia_passthrough_problems) finds (without the count check).
   - C(nvidia_passthrough_problems) returns those problems as a list of one-line messages, empty when all is well,
     so a role can assert on it with a clear message. With I(count) and I(gpus=all), the GPUs found must be
-    exactly I(count). With I(driver_minors) (from C(nvidia_smi_minors)), the GPU nodes must match what the
-    driver reports.
+    exactly I(count). With I(driver_minors) (the minors of the GPUs in the host's nvidia_gpu_facts), the GPU
+    nodes must match what the driver reports.
   - C(gpu_selection_problems) checks a selection alone (C(all) or a non-empty list of distinct minors; with
     I(count), a list must have that many entries) and returns its problems, for a preflight assert.
-  - C(nvidia_smi_minors) takes the text of C(nvidia-smi -q -x) and returns the GPUs' minor numbers, sorted.
 options:
   _input: {description: The find module's files list (each with path and mode)., type: list, required: true}
   gpus: {description: C(all) or a list of GPU minors (N of /dev/nvidiaN)., type: raw, default: all}
@@ -30,11 +28,11 @@ options:
 
 EXAMPLES = r'''
 devices: "{{ found.files | nvidia_passthrough(gpus=[0, 1]) }}"
-problems: "{{ found.files | nvidia_passthrough_problems(gpus='all', count=8, driver_minors=smi.stdout | nvidia_smi_minors) }}"
+problems: "{{ found.files | nvidia_passthrough_problems(gpus='all', count=8, driver_minors=[0, 1, 2, 3, 4, 5, 6, 7]) }}"
 '''
 
 RETURN = r'''
-_value: {description: "List of {path, mode} in passthrough order; or a list of problems; or a list of minors.", type: list}
+_value: {description: "List of {path, mode} in passthrough order; or a list of problems.", type: list}
 '''
 
 try:
@@ -109,7 +107,9 @@ def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driv
                         '(nvidia-smi, dmesg | grep -i xid); for a node with fewer GPUs set pve_container_gpu_count'
                         .format(len(found), _names(found), count,
                                 ' (missing {0})'.format(_names(gaps)) if gaps and len(found) < int(count) else ''))
-    if driver_minors is not None:
+    if driver_minors is not None and any(m is None for m in driver_minors):
+        problems.append('the driver reports a GPU without a minor number (nvidia-smi -q): cannot match it to /dev')
+    elif driver_minors is not None:
         driver = sorted(int(m) for m in driver_minors)
         no_node = [m for m in driver if m not in found]
         no_gpu = [m for m in found if m not in driver]
@@ -145,23 +145,7 @@ def nvidia_passthrough(files, gpus='all', mode='host'):
     return out
 
 
-def nvidia_smi_minors(xml_text):
-    """Minor numbers of the GPUs in `nvidia-smi -q -x` output, sorted."""
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as exc:
-        raise AnsibleFilterError('nvidia-smi -q -x gave no XML ({0}): {1!r}'.format(exc, str(xml_text)[:200])) from None
-    minors = []
-    for gpu in root.iter('gpu'):
-        text = (gpu.findtext('minor_number') or '').strip()
-        if not text.isdigit():
-            raise AnsibleFilterError('nvidia-smi -q -x: GPU {0} has no minor number ({1!r})'.format(
-                gpu.get('id'), text))
-        minors.append(int(text))
-    return sorted(minors)
-
-
 class FilterModule(object):
     def filters(self):
         return {'nvidia_passthrough': nvidia_passthrough, 'nvidia_passthrough_problems': nvidia_passthrough_problems,
-                'nvidia_smi_minors': nvidia_smi_minors, 'gpu_selection_problems': gpu_selection_problems}
+                'gpu_selection_problems': gpu_selection_problems}
