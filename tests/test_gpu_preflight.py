@@ -123,6 +123,14 @@ def test_no_kernel_module(rtx):
     one_failure(gpu_preflight_findings(rtx, **NODE), 'no NVIDIA kernel module loaded')
 
 
+def test_no_driver_yet_is_reported_when_the_host_role_installs_it(rtx):
+    bare = dict(rtx, present=False, gpus=[], topology=[], kernel_module=None, driver_version=None)
+    f = gpu_preflight_findings(bare, driver_follows=True, **NODE)
+    assert f['failures'] == []
+    assert f['reports'][0].startswith('no NVIDIA driver on this host yet: nvidia_host_driver installs it next')
+    one_failure(gpu_preflight_findings(bare, **NODE), 'no nvidia-smi on this host')
+
+
 def test_no_or_failing_nvidia_smi(rtx):
     one_failure(gpu_preflight_findings(dict(rtx, present=False, gpus=[], topology=[]), **NODE), 'no nvidia-smi')
     one_failure(gpu_preflight_findings(dict(rtx, error='nvidia-smi -q -x failed (rc 9): NVIDIA-SMI has failed',

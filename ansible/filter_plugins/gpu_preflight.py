@@ -22,6 +22,10 @@ options:
   min_driver: {description: Lowest driver version accepted (the CUDA build in use needs it)., type: str, default: '580'}
   allow_vm: {description: Accept GPUs inside a virtual machine., type: bool, default: false}
   require_open: {description: Require the open kernel module on Blackwell (compute capability 10+)., type: bool, default: true}
+  driver_follows:
+    description: The host driver role installs the driver later in the run (no driver is then reported).
+    type: bool
+    default: false
 '''
 
 EXAMPLES = r'''
@@ -61,10 +65,14 @@ def table(facts):
     return lines
 
 
-def gpu_preflight_findings(facts, count, model='', min_driver='580', allow_vm=False, require_open=True):
+def gpu_preflight_findings(facts, count, model='', min_driver='580', allow_vm=False, require_open=True,
+                           driver_follows=False):
     failures, reports = [], []
     gpus = facts.get('gpus') or []
-    if not facts.get('present'):
+    if not facts.get('present') and driver_follows:
+        reports.append('no NVIDIA driver on this host yet: nvidia_host_driver installs it next in this run, and the '
+                       'GPU checks run again after it')
+    elif not facts.get('present'):
         failures.append('no nvidia-smi on this host: install the NVIDIA driver (the nvidia_host_driver role) first')
     elif facts.get('error'):
         failures.append('nvidia-smi does not work here: {0}. Is the kernel module loaded (lsmod | grep nvidia; '

@@ -607,17 +607,22 @@ def restore_ct(pve, saved, running):
 
 class Reconciler(object):
     def __init__(self, p, serving, shared):
-        from proxmoxer import ProxmoxAPI
         self.p = p
         self.serving = serving
         self.shared = shared
         self.lxc = LabLxc(p)
-        # fakepve itself, not the front: the reconciler only reads, and fakepve's own state needs no persisting
-        self.api = ProxmoxAPI(HOST, port=serving.pve.port, user='root@pam', password=serving.password,
-                              verify_ssl=p['ca'], timeout=30)
+        self.connect()
         self.started_pid = {}     # vmid -> the PVE pid of the start the LXC side has carried out
         self.failed_start = {}    # vmid -> the PVE pid whose LXC start failed (not retried)
         os.makedirs(p['confdir'], exist_ok=True)
+
+    def connect(self):
+        """Log in to fakepve itself, not the front: the reconciler only reads, and fakepve's own state needs no
+        persisting. Again after an hour: proxmoxer renews its ticket by sending it as the password, which
+        fakepve 0.5.0 refuses (401), so the reconciler logs in anew instead of going blind."""
+        from proxmoxer import ProxmoxAPI
+        self.api = ProxmoxAPI(HOST, port=self.serving.pve.port, user='root@pam', password=self.serving.password,
+                              verify_ssl=self.p['ca'], timeout=30)
 
     # state that PVE keeps in /etc/pve survives a lab restart here (the front writes it)
     def load(self):
@@ -702,9 +707,14 @@ class Reconciler(object):
             self.started_pid.pop(vmid, None)
 
     def run(self, stop_event):
+        from proxmoxer import AuthenticationError
         while not stop_event.is_set():
             try:
                 self.once()
+            except AuthenticationError as exc:
+                LOG.warning('reconciler login refused (%s): logging in again', exc)
+                self.connect()
+                continue
             except Exception as exc:
                 LOG.exception('reconcile pass failed: %s', exc)
             stop_event.wait(POLL)
