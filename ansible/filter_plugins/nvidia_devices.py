@@ -80,10 +80,8 @@ def gpu_selection_problems(gpus, count=None):
     return problems
 
 
-def _wanted(gpus, found):
-    problems = gpu_selection_problems(gpus)
-    if problems:
-        raise ValueError(problems[0])
+def _selected(gpus, found):
+    """The minors a valid selection names: every GPU found for 'all', else the list, sorted."""
     return sorted(found) if gpus == 'all' else sorted(gpus)
 
 
@@ -92,10 +90,10 @@ def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driv
     problems = []
     if not found:
         return ['no /dev/nvidiaN device nodes on the PVE host: is the NVIDIA driver loaded there (nvidia-smi)?']
-    try:
-        wanted = _wanted(gpus, found)
-    except ValueError as exc:
-        return [str(exc)]
+    selection = gpu_selection_problems(gpus)
+    if selection:
+        return selection
+    wanted = _selected(gpus, found)
     missing = [g for g in wanted if g not in found]
     if missing:
         problems.append('pve_container_gpus selects {0}, not on the PVE host (it has {1})'.format(
@@ -136,7 +134,7 @@ def nvidia_passthrough(files, gpus='all', mode='host'):
         raise AnsibleFilterError('; '.join(problems))
     nodes, found = _nodes(files)
     caps = sorted(p for p in nodes if p.startswith('/dev/nvidia-caps/'))
-    paths = [found[g] for g in _wanted(gpus, found)] + [p for p in ALWAYS if p in nodes] + caps
+    paths = [found[g] for g in _selected(gpus, found)] + [p for p in ALWAYS if p in nodes] + caps
     out = []
     for path in paths:
         node_mode = nodes[path].get('mode', '0666') if mode == 'host' else mode

@@ -139,8 +139,7 @@ HOT_KEYS = {'memory', 'swap', 'cores', 'onboot', 'tags', 'description', 'nameser
 # How users of the pve_container role know each option (messages name these).
 ROLE_VARIABLES = dict(
     {o: 'pve_container_' + o for o in ('api_host', 'api_port', 'api_user', 'api_password', 'api_token_id',
-                                       'api_token_secret', 'node', 'vmid', 'adopt', 'allow_restart', 'storage',
-                                       'ostemplate', 'hostname', 'state', 'managed_tag')},
+                                       'api_token_secret', 'vmid', 'adopt', 'allow_restart')},
     validate_certs='pve_container_api_validate_certs', ca_file='pve_container_api_ca_file',
     timeout='pve_container_task_timeout', allow_device_removal='pve_container_allow_gpu_removal')
 SAFE_PATH = re.compile(r'^/[^,=;\s]*$')
