@@ -149,7 +149,7 @@ class SecondLab(object):
         self.p = labd.paths(self.state)
         self.port = free_port()
         self.env = dict(os.environ, GLM5_LAB_STATE=self.state, GLM5_LAB_PORT=str(self.port),
-                        GLM5_LAB_POLL=str(poll))
+                        GLM5_LAB_POLL=str(poll), GLM5_LAB_FILES_PORT='0')
         self.logpath = str(tmp_path / 'labd-serve.log')
         self.proc = None
 

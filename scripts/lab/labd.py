@@ -17,6 +17,8 @@ Environment (a second instance, e.g. a test's, sets all three):
     GLM5_LAB_STATE      state directory (default /var/lib/glm5-lab)
     GLM5_LAB_PORT       the API port on 127.0.0.1 (default 8006)
     GLM5_LAB_POLL       seconds between reconcile passes (default 0.5)
+    GLM5_LAB_FILES_PORT the lab's download site on 127.0.0.1 (default 8480; 0: none): <state>/www read-only,
+                        plain HTTP, where the lab puts what real hosts download (NVIDIA's apt repository)
     GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default /var/cache/glm5-lab/templates)
 
 Lab only: nothing here runs against a real PVE host. fakepve is used through its public Python API
@@ -53,6 +55,7 @@ PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
 SSH_PORT_BASE = 20000          # a lab container's sshd listens on 127.0.0.1:(20000 + vmid)
 FORBIDDEN_PORTS = {2024}       # taken on these machines by a process that is not ours
 POLL = float(os.environ.get('GLM5_LAB_POLL', '0.5'))  # seconds between reconcile passes
+FILES_PORT = int(os.environ.get('GLM5_LAB_FILES_PORT', '8480'))
 PVE_START_SECS = 2             # PVE seconds a start task takes: the window in which start_error is decided
 PVE_CREATE_SECS = 2
 LOG = logging.getLogger('labd')
@@ -63,7 +66,7 @@ def paths(state=STATE):
     return dict(state=state, pve=pve, password=os.path.join(pve, 'root-password'), ca=os.path.join(pve, 'ca.crt'),
                 ca_key=os.path.join(pve, 'ca.key'), cert=os.path.join(pve, 'pve.crt'), key=os.path.join(pve, 'pve.key'),
                 confdir=os.path.join(pve, 'lxc'), lxcpath=os.path.join(state, 'lxc'), pid=os.path.join(state, 'labd.pid'),
-                log=os.path.join(state, 'labd.log'))
+                log=os.path.join(state, 'labd.log'), www=os.path.join(state, 'www'))
 
 
 def ssh_port(vmid):
@@ -566,6 +569,7 @@ class Serving(object):
         self.pve.ct_secs['create'] = PVE_CREATE_SECS
         self.password = password
         self.front = None
+        self.files = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name='fakepve', daemon=True)
         self.thread.start()
@@ -575,6 +579,19 @@ class Serving(object):
         """Answer clients from now on (after the saved state is back in fakepve)."""
         self.front = Front(self.p, self.pve, shared)
         self.call(self.front.start(host, port))
+
+    def start_files(self, host=HOST, port=FILES_PORT):
+        """The lab's download site: <state>/www over plain HTTP, read-only (aiohttp's static files)."""
+        from aiohttp import web
+
+        async def start():
+            os.makedirs(self.p['www'], exist_ok=True)
+            app = web.Application()
+            app.router.add_static('/', self.p['www'], show_index=True)
+            self.files = web.AppRunner(app, access_log=None)
+            await self.files.setup()
+            await web.TCPSite(self.files, host, port).start()
+        self.call(start())
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
@@ -586,6 +603,8 @@ class Serving(object):
         return self.call(run())
 
     def stop(self):
+        if self.files:
+            self.call(self.files.cleanup())
         if self.front:
             self.call(self.front.stop())
             self.do(self.front.persist)  # what finished since the last client read is kept too
@@ -748,6 +767,9 @@ def serve(p):
     rec.load()
     # Clients only now: a write before the saved state is back would persist an API without it.
     serving.start_front(shared)
+    if FILES_PORT:
+        serving.start_files()
+        LOG.info('download site http://%s:%s/ from %s', HOST, FILES_PORT, p['www'])
     stop_event = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop_event.set())
     signal.signal(signal.SIGINT, lambda *a: stop_event.set())
@@ -790,7 +812,7 @@ def start(p):
     os.makedirs(p['state'], exist_ok=True)
     log = open(p['log'], 'ab')
     # The daemon gets this environment (GLM5_LAB_PORT, _POLL, _TEMPLATES) and the state p names.
-    env = dict(os.environ, GLM5_LAB_STATE=p['state'], GLM5_LAB_PORT=str(PORT))
+    env = dict(os.environ, GLM5_LAB_STATE=p['state'], GLM5_LAB_PORT=str(PORT), GLM5_LAB_FILES_PORT=str(FILES_PORT))
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), 'serve'], stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
     with open(p['pid'], 'w') as out:
