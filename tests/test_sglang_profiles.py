@@ -1,0 +1,196 @@
+"""SGLang profiles against the real pinned sglang: each profile's lock installed (uv, --require-hashes) into a
+throwaway venv on this machine, its flags parsed by that sglang's own parser, its patches applied to that
+version's real files. The venvs are hard-linked from the lab's wheel cache (the host side of the containers'
+SGLang cache mount), so a second environment costs little disk and no download.
+
+Needs PyPI (or the warm cache) and ~1 min per profile the first time: `make test` runs it (marker `sglang`).
+"""
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import sglang_profiles as sglang_filters
+from sglang_server_args import check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROFILES = os.path.join(ROOT, 'roles', 'sglang_env', 'profiles')
+NAMES = sorted(os.listdir(PROFILES))
+VENVS = '/var/cache/glm5-lab/sglang-venvs'
+UV = os.path.join(os.path.dirname(sys.executable), 'uv')
+MODEL = ['--model-path', '/models/glm-5']
+
+
+def load(name):
+    with open(os.path.join(PROFILES, name, 'profile.yml')) as fh:
+        return yaml.safe_load(fh)
+
+
+def lab_wheel_cache():
+    """The lab's host-side SGLang cache (the inventory's value, not a second copy of it) + /uv."""
+    with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
+        return os.path.join(yaml.safe_load(fh)['pve_container_sglang_cache_dir'], 'uv')
+
+
+def sha256(path):
+    with open(path, 'rb') as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def site_packages(venv, profile):
+    return os.path.join(venv, 'lib', 'python' + profile['python'], 'site-packages')
+
+
+_envs = {}
+
+
+def environment(name):
+    """A venv holding exactly the profile's lock, keyed by the lock's hash (a changed lock gets a new one)."""
+    if name in _envs:
+        return _envs[name]
+    profile = load(name)
+    lock = os.path.join(PROFILES, name, profile['lock'])
+    venv = os.path.join(VENVS, '{0}-{1}'.format(name, sha256(lock)[:12]))
+    env = dict(os.environ, UV_CACHE_DIR=lab_wheel_cache(), UV_LINK_MODE='hardlink', UV_NO_PROGRESS='1')
+    if not os.path.exists(os.path.join(venv, '.glm5-complete')):
+        shutil.rmtree(venv, ignore_errors=True)
+        for old in os.listdir(VENVS) if os.path.isdir(VENVS) else []:
+            if old.startswith(name + '-'):
+                shutil.rmtree(os.path.join(VENVS, old), ignore_errors=True)
+        os.makedirs(VENVS, exist_ok=True)
+        subprocess.run([UV, 'venv', '--quiet', '--python', profile['python'], venv], check=True, env=env)
+        r = subprocess.run([UV, 'pip', 'sync', '--require-hashes', '--python', os.path.join(venv, 'bin', 'python'),
+                            lock], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        open(os.path.join(venv, '.glm5-complete'), 'w').close()
+    _envs[name] = (profile, venv)
+    return _envs[name]
+
+
+# ---------------------------------------------------------------- the profiles as data (no sglang needed)
+
+@pytest.mark.parametrize('name', NAMES)
+def test_profile_is_usable(name):
+    profile = load(name)
+    assert sglang_filters.sglang_profile_problems(profile, name, os.path.join(PROFILES, name)) == []
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_lock_pins_the_whole_environment_with_hashes(name):
+    profile = load(name)
+    with open(os.path.join(PROFILES, name, profile['lock'])) as fh:
+        text = fh.read()
+    entries = re.findall(r'^([A-Za-z0-9_.-]+)==(\S+) \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)', text, re.M)
+    requirement_lines = [ln for ln in text.splitlines() if ln and not ln.startswith((' ', '#'))]
+    assert len(entries) == len(requirement_lines) > 100, 'every requirement pinned with == and hashed'
+    pins = dict((n.lower(), v) for n, v, _ in entries)
+    assert pins['sglang'] == profile['sglang']
+    cuda = [r for r in profile['requirements'] if r.startswith('cuda-toolkit[')]
+    assert cuda and pins['cuda-toolkit'] == cuda[0].split('==')[1], "nvcc at exactly torch's CUDA build"
+    assert 'nvidia-cuda-nvcc' in pins
+    assert '--exclude-newer {0}'.format(profile['resolved_as_of']) in text.splitlines()[1]
+
+
+def test_seed_validated_lock_has_the_kernels_that_imports():
+    """Resolved as of the release: kernels 0.14.1 (0.15.1, resolved later, breaks `import sglang`)."""
+    profile = load('seed-validated')
+    with open(os.path.join(PROFILES, 'seed-validated', profile['lock'])) as fh:
+        assert re.search(r'^kernels==0\.14\.1 ', fh.read(), re.M)
+
+
+def test_locks_resolve_the_same_again():
+    """A lock resolved as of a fixed date comes out byte for byte the same: nothing drifted (needs PyPI)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lock_profiles.py'), '--check'],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_profile_problems_name_what_is_wrong(tmp_path):
+    good = load('seed-validated')
+    bad = dict(good, name='other', python='3', flags={'Bad_Flag': 1, 'tp': {'x': 1}}, env={'A': 1},
+               patches=[dict(good['patches'][0], sha256='abc', file='patches/none.diff')])
+    problems = sglang_filters.sglang_profile_problems(bad, 'seed-validated', str(tmp_path), {'nope': True})
+    text = '\n'.join(problems)
+    for words in ("its name is 'other'", 'python must be major.minor', 'lock requirements.lock not found',
+                  'sha256 is not a sha256', 'patches/none.diff not found', 'sglang_env_patches names nope',
+                  "'Bad_Flag' is not a flag name", 'tp: a flag value is', 'env: A must be a string'):
+        assert words in text, (words, problems)
+    assert sglang_filters.sglang_profile_problems({'name': 'x'}, 'x', str(tmp_path))[0].endswith('description is missing')
+
+
+def test_flags_overrides_and_argv():
+    flags = sglang_filters.sglang_flags({'tp': 8, 'disable-radix-cache': True, 'x': 1},
+                                        {'x': None, 'tp': 4, 'enable-metrics': True, 'disable-radix-cache': False})
+    assert list(flags) == ['tp', 'disable-radix-cache', 'enable-metrics']
+    assert sglang_filters.sglang_argv(flags) == ['--tp', '4', '--enable-metrics']
+    assert sglang_filters.sglang_argv({'cuda-graph-bs': [1, 2, 4]}) == ['--cuda-graph-bs', '1', '2', '4']
+
+
+def test_patch_overrides():
+    patches = sglang_filters.sglang_profile_patches(load('seed-validated'), {'nsa-page-table-fallback': True})
+    assert [(p['name'], p['enabled']) for p in patches] == [('flashinfer-autotune-cutlass', True),
+                                                          ('nsa-page-table-fallback', True)]
+
+
+# ---------------------------------------------------------------- the real sglang of each profile
+
+@pytest.mark.sglang
+@pytest.mark.parametrize('name', NAMES)
+def test_profile_flags_parse_with_its_sglang(name):
+    profile, venv = environment(name)
+    ok, result = check(os.path.join(venv, 'bin', 'python'), MODEL + sglang_filters.sglang_argv(profile['flags']))
+    assert ok, result['parser_message']
+    assert result['sglang_version'] == profile['sglang']
+    nd = result['non_default']
+    assert nd.get('tp_size', nd.get('tensor_parallel_size')) == 8   # the dest was renamed between versions
+    assert result['non_default']['moe_runner_backend'] == 'flashinfer_cutlass'
+
+
+@pytest.mark.sglang
+def test_seeds_line_is_rejected_by_today_sglang_with_its_own_message():
+    seeds = load('seed-validated')
+    _, venv = environment('current')
+    ok, result = check(os.path.join(venv, 'bin', 'python'), MODEL + sglang_filters.sglang_argv(seeds['flags']))
+    assert not ok
+    assert result['parser_message'].startswith('sglang.launch_server: error: unrecognized arguments:')
+    assert '--nsa-decode-backend' in result['parser_message']
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize('argv, words', [
+    (['--moe-runner-backend', 'flashinfer_cutlas'], "argument --moe-runner-backend: invalid choice: 'flashinfer_cutlas'"),
+    (['--max-runing-requests', '1024'], 'unrecognized arguments: --max-runing-requests 1024'),
+    (['--tp', 'eight'], "--tp-size: invalid int value: 'eight'"),
+])
+def test_typos_are_rejected(argv, words):
+    _, venv = environment('seed-validated')
+    ok, result = check(os.path.join(venv, 'bin', 'python'), MODEL + argv)
+    assert not ok
+    assert words in result['parser_message'], result['parser_message']
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize('name', NAMES)
+def test_patches_apply_to_the_real_files_and_compile(name, tmp_path):
+    profile, venv = environment(name)
+    site = site_packages(venv, profile)
+    for patch in profile['patches']:
+        upstream = os.path.join(site, patch['target'])
+        assert sha256(upstream) == patch['sha256'], '{0}: the installed file is not the one the patch names'.format(
+            patch['name'])
+        work = tmp_path / patch['name']
+        os.makedirs(os.path.dirname(str(work / patch['target'])))
+        shutil.copy(upstream, str(work / patch['target']))
+        r = subprocess.run(['patch', '-p1', '--forward', '-i', os.path.join(PROFILES, name, patch['file'])],
+                           cwd=str(work), capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert sha256(str(work / patch['target'])) == patch['sha256_patched']
+        r = subprocess.run([os.path.join(venv, 'bin', 'python'), '-c',
+                            'import sys; compile(open(sys.argv[1]).read(), sys.argv[1], "exec")',
+                            str(work / patch['target'])], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
