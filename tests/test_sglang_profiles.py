@@ -13,9 +13,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-
 import sglang_profiles as sglang_filters
+import yaml
 from sglang_server_args import check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
