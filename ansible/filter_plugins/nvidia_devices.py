@@ -85,7 +85,7 @@ def _selected(gpus, found):
     return sorted(found) if gpus == 'all' else sorted(gpus)
 
 
-def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driver_minors=None):
+def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driver_minors=None, gid=''):
     nodes, found = _nodes(files)
     problems = []
     if not found:
@@ -125,11 +125,13 @@ def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driv
                         .format(', '.join(absent)))
     if mode != 'host' and not re.fullmatch(r'0?[0-7]{3}', str(mode)):
         problems.append('pve_container_gpu_mode must be "host" or octal like 0666, got {0!r}'.format(mode))
+    if gid not in ('', None) and not re.fullmatch(r'\d+', str(gid)):
+        problems.append('pve_container_gpu_gid must be a numeric gid or empty, got {0!r}'.format(gid))
     return problems
 
 
-def nvidia_passthrough(files, gpus='all', mode='host'):
-    problems = nvidia_passthrough_problems(files, gpus=gpus, mode=mode)
+def nvidia_passthrough(files, gpus='all', mode='host', gid=''):
+    problems = nvidia_passthrough_problems(files, gpus=gpus, mode=mode, gid=gid)
     if problems:
         raise AnsibleFilterError('; '.join(problems))
     nodes, found = _nodes(files)
@@ -139,7 +141,10 @@ def nvidia_passthrough(files, gpus='all', mode='host'):
     for path in paths:
         node_mode = nodes[path].get('mode', '0666') if mode == 'host' else mode
         node_mode = '0' + str(node_mode).lstrip('0').rjust(3, '0')[-3:]
-        out.append({'path': path, 'mode': node_mode})
+        entry = {'path': path, 'mode': node_mode}
+        if gid not in ('', None):
+            entry['gid'] = int(gid)
+        out.append(entry)
     return out
 
 

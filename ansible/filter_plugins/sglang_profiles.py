@@ -40,6 +40,17 @@ def flag_value_problems(where, flags):
     return out
 
 
+def sglang_flag_problems(overrides, where='sglang_service_flag_overrides', reserved=()):
+    """Problems of the inventory's single-flag overrides: kinds of values, and flags the inventory sets elsewhere."""
+    out = flag_value_problems(where, overrides)
+    if isinstance(overrides, dict):
+        owned = sorted(k for k in overrides if k in reserved)
+        if owned:
+            out.append('{0}: {1} set by their own variables (sglang_service_model_path, _served_model_name, _host, '
+                       '_port, _api_key), not as flag overrides'.format(where, ', '.join(owned)))
+    return out
+
+
 def sglang_profile_problems(profile, name, profile_dir, patch_overrides=None):
     where = 'SGLang profile {0!r}'.format(name)
     if not isinstance(profile, dict):
@@ -139,6 +150,7 @@ class FilterModule(object):
     def filters(self):
         return {
             'sglang_profile_problems': sglang_profile_problems,
+            'sglang_flag_problems': sglang_flag_problems,
             'sglang_profile_patches': sglang_profile_patches,
             'sglang_flags': sglang_flags,
             'sglang_argv': sglang_argv,
