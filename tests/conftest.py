@@ -3,7 +3,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for sub in ('ansible/modules', 'ansible/filter_plugins', 'ansible/module_utils', 'scripts/lab'):
+for sub in ('ansible/modules', 'ansible/filter_plugins', 'ansible/module_utils', 'scripts/lab', 'tests'):
     sys.path.insert(0, os.path.join(ROOT, sub))
 try:
     import ansible.module_utils

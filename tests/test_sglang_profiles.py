@@ -5,7 +5,6 @@ SGLang cache mount), so a second environment costs little disk and no download.
 
 Needs PyPI (or the warm cache) and ~1 min per profile the first time: `make test` runs it (marker `sglang`).
 """
-import hashlib
 import os
 import re
 import shutil
@@ -14,61 +13,10 @@ import sys
 
 import pytest
 import sglang_profiles as sglang_filters
-import yaml
+from sglang_envs import NAMES, PROFILES, ROOT, environment, load, sha256, site_packages
 from sglang_server_args import check
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROFILES = os.path.join(ROOT, 'roles', 'sglang_env', 'profiles')
-NAMES = sorted(os.listdir(PROFILES))
-VENVS = '/var/cache/glm5-lab/sglang-venvs'
-UV = os.path.join(os.path.dirname(sys.executable), 'uv')
 MODEL = ['--model-path', '/models/glm-5']
-
-
-def load(name):
-    with open(os.path.join(PROFILES, name, 'profile.yml')) as fh:
-        return yaml.safe_load(fh)
-
-
-def lab_wheel_cache():
-    """The lab's host-side SGLang cache (the inventory's value, not a second copy of it) + /uv."""
-    with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
-        return os.path.join(yaml.safe_load(fh)['pve_container_sglang_cache_dir'], 'uv')
-
-
-def sha256(path):
-    with open(path, 'rb') as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-
-def site_packages(venv, profile):
-    return os.path.join(venv, 'lib', 'python' + profile['python'], 'site-packages')
-
-
-_envs = {}
-
-
-def environment(name):
-    """A venv holding exactly the profile's lock, keyed by the lock's hash (a changed lock gets a new one)."""
-    if name in _envs:
-        return _envs[name]
-    profile = load(name)
-    lock = os.path.join(PROFILES, name, profile['lock'])
-    venv = os.path.join(VENVS, '{0}-{1}'.format(name, sha256(lock)[:12]))
-    env = dict(os.environ, UV_CACHE_DIR=lab_wheel_cache(), UV_LINK_MODE='hardlink', UV_NO_PROGRESS='1')
-    if not os.path.exists(os.path.join(venv, '.glm5-complete')):
-        shutil.rmtree(venv, ignore_errors=True)
-        for old in os.listdir(VENVS) if os.path.isdir(VENVS) else []:
-            if old.startswith(name + '-'):
-                shutil.rmtree(os.path.join(VENVS, old), ignore_errors=True)
-        os.makedirs(VENVS, exist_ok=True)
-        subprocess.run([UV, 'venv', '--quiet', '--python', profile['python'], venv], check=True, env=env)
-        r = subprocess.run([UV, 'pip', 'sync', '--require-hashes', '--python', os.path.join(venv, 'bin', 'python'),
-                            lock], capture_output=True, text=True, env=env)
-        assert r.returncode == 0, r.stderr
-        open(os.path.join(venv, '.glm5-complete'), 'w').close()
-    _envs[name] = (profile, venv)
-    return _envs[name]
 
 
 # ---------------------------------------------------------------- the profiles as data (no sglang needed)

@@ -1,0 +1,97 @@
+"""The model_weights module run in-process on real files: a staged model into a cache directory, hard-linked or
+copied, sha256-checked, the completeness marker written last; a re-run changes nothing; a cut or damaged copy is
+completed again, never marked complete as it is; check mode writes nothing."""
+import json
+import os
+import subprocess
+import sys
+
+import model_weights
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAND_IN = os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model')
+
+
+def run_module(capsys, check_mode=False, **args):
+    if check_mode:
+        args['_ansible_check_mode'] = True
+    with patch_module_args(args), pytest.raises(SystemExit):
+        model_weights.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope='module')
+def staged(tmp_path_factory):
+    """The lab's stand-in model, built by its real script, plus a nested file (like a snapshot's subfolders)."""
+    path = tmp_path_factory.mktemp('staged') / 'GLM-5-NVFP4'
+    subprocess.run([sys.executable, STAND_IN, str(path)], check=True, capture_output=True)
+    (path / 'extra').mkdir()
+    (path / 'extra' / 'notes.txt').write_text('nested\n')
+    return str(path)
+
+
+def test_copy_verify_mark_then_nothing_to_do(capsys, staged, tmp_path):
+    dest = str(tmp_path / 'cache' / 'GLM-5-NVFP4')
+    first = run_module(capsys, src=staged, dest=dest, link=False)
+    assert first['changed'] and first['files'] == 8
+    assert 'model.safetensors' in first['written'] and 'extra/notes.txt' in first['written']
+    marker = json.load(open(os.path.join(dest, '.glm5-complete')))
+    assert marker['source'] == staged and set(marker['files']) == set(first['written'])
+    assert os.stat(os.path.join(dest, 'config.json')).st_ino != os.stat(os.path.join(staged, 'config.json')).st_ino
+    again = run_module(capsys, src=staged, dest=dest, link=False)
+    assert not again['changed'] and again['written'] == []
+
+
+def test_hard_links_on_the_same_filesystem(capsys, staged):
+    dest = os.path.join(os.path.dirname(staged), 'cache', 'm')
+    out = run_module(capsys, src=staged, dest=dest)
+    assert out['changed']
+    assert os.stat(os.path.join(dest, 'model.safetensors')).st_ino == os.stat(
+        os.path.join(staged, 'model.safetensors')).st_ino
+
+
+def test_a_cut_copy_is_completed_and_only_then_marked(capsys, staged, tmp_path):
+    dest = str(tmp_path / 'm')
+    run_module(capsys, src=staged, dest=dest, link=False)
+    # a download/copy cut short: one file truncated, the marker gone with it
+    with open(os.path.join(dest, 'tokenizer.json'), 'r+b') as fh:
+        fh.truncate(100)
+    os.unlink(os.path.join(dest, '.glm5-complete'))
+    out = run_module(capsys, src=staged, dest=dest, link=False)
+    assert out['changed'] and out['written'] == ['tokenizer.json']
+    assert os.path.getsize(os.path.join(dest, 'tokenizer.json')) == os.path.getsize(os.path.join(staged, 'tokenizer.json'))
+    assert os.path.exists(os.path.join(dest, '.glm5-complete'))
+
+
+def test_same_size_different_bytes_is_replaced(capsys, staged, tmp_path):
+    dest = str(tmp_path / 'm')
+    run_module(capsys, src=staged, dest=dest, link=False)
+    path = os.path.join(dest, 'model.safetensors')
+    data = bytearray(open(path, 'rb').read())
+    data[-1] ^= 0xFF
+    open(path, 'wb').write(bytes(data))
+    os.unlink(os.path.join(dest, '.glm5-complete'))
+    out = run_module(capsys, src=staged, dest=dest, link=False)
+    assert out['written'] == ['model.safetensors']
+    assert open(path, 'rb').read() == open(os.path.join(staged, 'model.safetensors'), 'rb').read()
+
+
+def test_check_mode_writes_nothing(capsys, staged, tmp_path):
+    dest = str(tmp_path / 'm')
+    out = run_module(capsys, check_mode=True, src=staged, dest=dest)
+    assert out['changed'] and len(out['written']) == 8
+    assert not os.path.exists(dest)
+
+
+@pytest.mark.parametrize('make, words', [
+    (lambda p: None, 'does not exist'),
+    (lambda p: os.makedirs(p), 'has no config.json: not a model directory'),
+])
+def test_bad_source(capsys, tmp_path, make, words):
+    src = str(tmp_path / 'staged')
+    make(src)
+    out = run_module(capsys, src=src, dest=str(tmp_path / 'm'))
+    assert out['failed'] and words in out['msg']
+    assert not os.path.exists(str(tmp_path / 'm'))

@@ -1,0 +1,184 @@
+"""The lab's engine emulator (scripts/lab/sglang-emulator) run with the seed-validated profile's real sglang (its
+parser, its bench_serving) and the lab's stand-in model: argv refused as sglang refuses it, the API key, the
+answers the smoke test's probe asks for, streaming with usage, /generate, the fault switches, and a short run of the
+real sglang.bench_serving against it. Pacing is measured by scripts, not timed here."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from sglang_envs import ROOT, environment
+
+EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang-emulator')
+KEY = 'test-key'
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope='module')
+def python():
+    return os.path.join(environment('seed-validated')[1], 'bin', 'python')
+
+
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp('model') / 'GLM-5-NVFP4'
+    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model'), str(path)], check=True,
+                   capture_output=True)
+    return str(path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+class Engine(object):
+    def __init__(self, python, model, faults='', extra=()):
+        self.port = free_port()
+        self.url = 'http://127.0.0.1:{0}'.format(self.port)
+        argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
+                '--port', str(self.port), '--api-key', KEY, '--tp', '8', '--max-running-requests', '64'] + list(extra)
+        self.proc = subprocess.Popen(argv, env=dict(os.environ, GLM5_EMULATOR_FAULTS=faults),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait(self, path='/health', status=200, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()
+            try:
+                if requests.get(self.url + path, timeout=5).status_code == status:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError('emulator not answering {0} {1}'.format(path, status))
+
+    def post(self, path, body, key=KEY, **kw):
+        headers = {'Authorization': 'Bearer ' + key} if key else {}
+        return requests.post(self.url + path, json=body, headers=headers, timeout=60, **kw)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope='module')
+def engine(python, model):
+    """One healthy emulator for the tests that do not switch faults on (each start imports sglang, ~10 s)."""
+    e = Engine(python, model)
+    e.wait()
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def special(python, model, request):
+    """An emulator of its own, started as the test's `engine` marker says (faults, extra arguments)."""
+    e = Engine(python, model, **request.node.get_closest_marker('engine').kwargs)
+    e.wait()
+    yield e
+    e.stop()
+
+
+def ask(engine, question, **extra):
+    r = engine.post('/v1/chat/completions', dict({'model': 'glm-5', 'max_tokens': 32,
+                                                  'messages': [{'role': 'user', 'content': question}]}, **extra))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_flags_are_parsed_by_sglang_itself(python, model):
+    r = subprocess.run([python, EMULATOR, '--model-path', model, '--dsa-decode-backend', 'flashinfer_sparse_mla'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert 'sglang.launch_server: error: unrecognized arguments: --dsa-decode-backend' in r.stderr
+
+
+def test_api_key_and_health(engine):
+    assert requests.get(engine.url + '/v1/models', timeout=5).status_code == 401
+    assert engine.post('/v1/completions', {'prompt': 'x'}, key='wrong').status_code == 401
+    assert requests.get(engine.url + '/health_generate', timeout=30).status_code == 200
+    models = requests.get(engine.url + '/v1/models', headers={'Authorization': 'Bearer ' + KEY}, timeout=5).json()
+    assert [m['id'] for m in models['data']] == ['glm-5']
+    info = requests.get(engine.url + '/server_info', headers={'Authorization': 'Bearer ' + KEY}, timeout=5).json()
+    assert info['version'] == '0.5.12.post1' and info['max_running_requests'] == 64
+
+
+def test_probe_answers(engine):
+    out = ask(engine, 'What is 17 + 25? Answer with the number only.')
+    assert out['choices'][0]['message']['content'] == '42' and out['choices'][0]['finish_reason'] == 'stop'
+    assert ask(engine, 'What is the capital of France? One word.')['choices'][0]['message']['content'] == 'Paris'
+    assert ask(engine, 'Compute 12 * 12.')['choices'][0]['message']['content'] == '144'
+    assert out['usage']['prompt_tokens'] > 5 and out['usage']['completion_tokens'] >= 1
+
+
+@pytest.mark.engine(extra=['--reasoning-parser', 'glm45'])
+def test_reasoning_model_answers_with_reasoning_content(special):
+    msg = ask(special, 'What is 2 + 3?')['choices'][0]['message']
+    assert msg['reasoning_content'] and msg['content'] == '5'
+
+
+def test_stream_with_ignore_eos_gives_exactly_max_tokens_and_usage(engine):
+    r = engine.post('/v1/completions', {'model': 'glm-5', 'prompt': 'the city of water', 'max_tokens': 7,
+                                        'ignore_eos': True, 'stream': True, 'stream_options': {'include_usage': True}},
+                    stream=True)
+    events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith('data: ')]
+    assert events[-1] == '[DONE]'
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(1 for c in chunks if c['choices'] and c['choices'][0]['text']) == 7
+    assert chunks[-1]['usage']['completion_tokens'] == 7 and chunks[-1]['usage']['prompt_tokens'] == 4
+
+
+def test_generate(engine):
+    out = engine.post('/generate', {'text': 'What is 6 * 7?', 'sampling_params': {'max_new_tokens': 8}}).json()
+    assert out['text'].strip() == '42' and out['meta_info']['completion_tokens'] == 1
+
+
+@pytest.mark.engine(faults='nan')
+def test_fault_nan_is_a_repeated_token_loop(special):
+    text = ask(special, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']
+    assert '42' not in text and len(set(text.split())) <= 1 and len(text) >= 12
+
+
+@pytest.mark.engine(faults='garbage')
+def test_fault_garbage_is_replacement_characters(special):
+    assert set(ask(special, 'hello', max_tokens=5)['choices'][0]['message']['content']) == {'\ufffd'}
+
+
+@pytest.mark.engine(faults='crash-after=2')
+def test_fault_crash_after_n_requests(special):
+    ask(special, 'one')
+    with pytest.raises(requests.RequestException):
+        ask(special, 'two')
+        ask(special, 'three')
+    assert special.proc.wait(10) == 1
+
+
+def test_fault_slow_start(python, model):
+    e = Engine(python, model, faults='slow-start=6')
+    try:
+        e.wait('/health', status=503)
+        assert requests.get(e.url + '/health_generate', timeout=5).status_code == 503
+        e.wait('/health_generate', status=200, timeout=30)
+    finally:
+        e.stop()
+
+
+def test_the_real_bench_serving_runs_against_it(engine, python, model, tmp_path):
+    out = tmp_path / 'bench.jsonl'
+    r = subprocess.run([python, '-m', 'sglang.bench_serving', '--backend', 'sglang-oai', '--base-url', engine.url,
+                        '--model', 'glm-5', '--tokenizer', model, '--dataset-name', 'random-ids',
+                        '--random-input-len', '64', '--random-output-len', '8', '--num-prompts', '16',
+                        '--max-concurrency', '8', '--request-rate', 'inf', '--output-file', str(out)],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OPENAI_API_KEY=KEY))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    result = json.loads(out.read_text().splitlines()[-1])
+    assert result['completed'] == 16
+    assert result['total_output_tokens'] > 0 and result['output_throughput'] > 0
