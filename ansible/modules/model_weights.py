@@ -6,16 +6,30 @@ DOCUMENTATION = r'''
 module: model_weights
 short_description: Put model weights into the model cache, verified, and mark them complete only then
 description:
-  - Fills I(dest) from a staged directory I(src) (an air-gapped host's copy of the model): files hard-linked when
-    I(link) and on the same filesystem, else copied through a temporary name; every file checked against the
-    source by size and sha256.
+  - With I(source=path), fills I(dest) from a staged directory I(src) (an air-gapped host's copy of the model):
+    files hard-linked when I(link) and on the same filesystem, else copied through a temporary name; every file
+    checked against the source by size and sha256.
+  - With I(source=hub), downloads I(repo) at the pinned I(revision) from the Hugging Face hub (or I(endpoint)) with
+    huggingface_hub's snapshot_download into I(dest) (resumable; only I(allow_patterns)), then checks every file's
+    size against the hub's listing and, for LFS files (the weights), its sha256 against the one the hub publishes;
+    other files against their git blob sha. Needs huggingface_hub in the Python that runs the module.
   - The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256) is removed before
     anything is written and written last, so a cut run is resumed, never served. A later run that finds the
     marker with the same file list and sizes on both sides changes nothing (no re-hashing of hundreds of GB).
   - Never deletes a file it did not write, and never touches I(src).
 options:
-  src: {description: The staged model directory (on the host this runs on)., type: path, required: true}
+  source: {description: Where the weights come from., type: str, choices: [path, hub], default: path}
+  src: {description: The staged model directory (on the host this runs on; source path)., type: path}
   dest: {description: The model's directory in the model cache., type: path, required: true}
+  repo: {description: The hub repository, org/name (source hub)., type: str}
+  revision: {description: The commit sha to download (source hub)., type: str}
+  allow_patterns:
+    description: Files of the repository to download (fnmatch patterns; source hub).
+    type: list
+    elements: str
+    default: ['*']
+  token: {description: Hugging Face token (gated repositories)., type: str, no_log: true}
+  endpoint: {description: The hub's address (HF_ENDPOINT); empty is huggingface.co., type: str}
   link: {description: Hard-link instead of copying when src and dest share a filesystem., type: bool, default: true}
   exclude:
     description: Top-level names not taken from src.
@@ -39,6 +53,7 @@ written: {description: Files copied or linked in this run (would be, in check mo
 marker: {description: The completeness marker's content., returned: success, type: dict}
 '''
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -97,8 +112,101 @@ def place(src, dst, link):
     os.replace(tmp, dst)
 
 
+def git_blob_sha(path):
+    h = hashlib.sha1()
+    h.update(b'blob %d\0' % os.path.getsize(path))
+    with open(path, 'rb') as fh:
+        for block in iter(lambda: fh.read(CHUNK), b''):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_marker(dest, marker):
+    tmp = os.path.join(dest, MARKER + '.tmp')
+    with open(tmp, 'w') as fh:
+        json.dump(marker, fh, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(dest, MARKER))
+
+
+def hub_error(exc, p):
+    where = '{0} at {1}'.format(p['repo'], p['endpoint'] or 'huggingface.co')
+    name = type(exc).__name__
+    if name == 'RevisionNotFoundError':
+        return 'revision {0} not found in {1}'.format(p['revision'], where)
+    if name in ('RepositoryNotFoundError', 'GatedRepoError') or '401' in str(exc) or '403' in str(exc):
+        return ('{0}: not found, or no access with this token (sglang_model_hf_token); the hub said: {1}'.format(
+            where, str(exc).splitlines()[0]))
+    return '{0}: {1}: {2}'.format(where, name, str(exc).splitlines()[0] if str(exc) else '')
+
+
+def from_hub(module):
+    p = module.params
+    dest = p['dest']
+    try:
+        from huggingface_hub import HfApi, snapshot_download
+    except ImportError:
+        module.fail_json(msg='source hub needs huggingface_hub in the Python running this module '
+                             '(the SGLang environment has it)')
+    api = HfApi(endpoint=p['endpoint'] or None, token=p['token'] or None)
+    try:
+        info = api.model_info(p['repo'], revision=p['revision'], files_metadata=True)
+    except Exception as exc:  # noqa: BLE001 (every hub/HTTP error becomes one line)
+        module.fail_json(msg=hub_error(exc, p))
+    if info.sha != p['revision']:
+        module.fail_json(msg='the hub resolved revision {0} of {1} to {2}: pin a commit sha'.format(
+            p['revision'], p['repo'], info.sha))
+    wanted = dict((s.rfilename, s) for s in info.siblings
+                  if any(fnmatch.fnmatch(s.rfilename, pat) for pat in p['allow_patterns']))
+    if not wanted:
+        module.fail_json(msg='no file of {0}@{1} matches allow_patterns {2}'.format(p['repo'], info.sha,
+                                                                                    p['allow_patterns']))
+    source = 'hub:{0}@{1}'.format(p['repo'], info.sha)
+    sizes = dict((k, s.size) for k, s in wanted.items())
+    marker = read_marker(dest)
+    have = listing(dest, set(p['exclude'])) if os.path.isdir(dest) else {}
+    if marker and marker.get('source') == source and \
+            {k: v['size'] for k, v in marker.get('files', {}).items()} == sizes and \
+            all(have.get(k) == v for k, v in sizes.items()):
+        return dict(changed=False, files=len(sizes), bytes=sum(sizes.values()), written=[], marker=marker)
+    todo = sorted(k for k, v in sizes.items() if have.get(k) != v)
+    if module.check_mode:
+        return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, marker=marker or {})
+    os.makedirs(dest, exist_ok=True)
+    if os.path.exists(os.path.join(dest, MARKER)):
+        os.unlink(os.path.join(dest, MARKER))
+    try:
+        snapshot_download(p['repo'], revision=info.sha, allow_patterns=sorted(wanted), local_dir=dest,
+                          token=p['token'] or None, endpoint=p['endpoint'] or None)
+    except Exception as exc:  # noqa: BLE001
+        module.fail_json(msg='download cut short, not marked complete (run again to resume): ' + hub_error(exc, p))
+    files = {}
+    for rel, sib in sorted(wanted.items()):
+        path = os.path.join(dest, rel)
+        size = os.path.getsize(path) if os.path.exists(path) else None
+        if size != sib.size:
+            module.fail_json(msg='{0}: {1} bytes, the hub lists {2}; not marked complete'.format(path, size, sib.size))
+        digest = sha256(path)
+        if sib.lfs is not None and digest != sib.lfs.sha256:
+            module.fail_json(msg='{0}: sha256 {1}, the hub publishes {2}; not marked complete'.format(
+                path, digest, sib.lfs.sha256))
+        if sib.lfs is None and sib.blob_id and git_blob_sha(path) != sib.blob_id:
+            module.fail_json(msg='{0}: not the file the hub has at {1} (git blob sha differs); not marked '
+                                 'complete'.format(path, info.sha))
+        files[rel] = {'size': sib.size, 'sha256': digest}
+    marker = {'source': source, 'files': files, 'bytes': sum(sizes.values())}
+    write_marker(dest, marker)
+    return dict(changed=True, files=len(files), bytes=marker['bytes'], written=todo, marker=marker)
+
+
 def run(module):
     p = module.params
+    if p['source'] == 'hub':
+        missing = [k for k in ('repo', 'revision') if not p[k]]
+        if missing:
+            module.fail_json(msg='source hub needs {0}'.format(' and '.join(missing)))
+        return from_hub(module)
+    if not p['src']:
+        module.fail_json(msg='source path needs src (the staged model directory)')
     src, dest, exclude = p['src'], p['dest'], set(p['exclude'])
     if not os.path.isdir(src):
         module.fail_json(msg='the staged model directory {0} does not exist'.format(src))
@@ -130,18 +238,21 @@ def run(module):
                 d, got, expected))
         files[rel] = {'size': want[rel], 'sha256': expected}
     marker = {'source': src, 'files': files, 'bytes': sum(want.values())}
-    tmp = os.path.join(dest, MARKER + '.tmp')
-    with open(tmp, 'w') as fh:
-        json.dump(marker, fh, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(dest, MARKER))
+    write_marker(dest, marker)
     return dict(changed=True, files=len(want), bytes=marker['bytes'], written=sorted(todo), marker=marker)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            src=dict(type='path', required=True),
+            source=dict(type='str', choices=['path', 'hub'], default='path'),
+            src=dict(type='path'),
             dest=dict(type='path', required=True),
+            repo=dict(type='str'),
+            revision=dict(type='str'),
+            allow_patterns=dict(type='list', elements='str', default=['*']),
+            token=dict(type='str', no_log=True),
+            endpoint=dict(type='str'),
             link=dict(type='bool', default=True),
             exclude=dict(type='list', elements='str', default=['.cache', '.git', MARKER]),
         ),

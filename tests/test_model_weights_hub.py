@@ -1,0 +1,129 @@
+"""model_weights with source=hub: the real huggingface_hub (the version the seed-validated lock pins) downloading
+from the lab's stand-in hub (scripts/lab/hf-hub) on 127.0.0.1: pinned revision, allow_patterns, the hub's sha256
+checked, the completeness marker written last; a dropped connection resumed with Range, never marked complete
+half-way; a wrong revision, a missing token and a hub that serves other bytes are refused with one line."""
+import json
+import os
+import subprocess
+import sys
+
+import model_weights
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HUB = os.path.join(ROOT, 'scripts', 'lab', 'hf-hub')
+REPO = 'glm5-lab/GLM-5-NVFP4-mini'
+PATTERNS = ['*.json', '*.safetensors']
+
+
+def run_module(capsys, check_mode=False, **args):
+    if check_mode:
+        args['_ansible_check_mode'] = True
+    with patch_module_args(args), pytest.raises(SystemExit):
+        model_weights.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope='module')
+def hub_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp('hub')
+    repo = root / REPO
+    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model'), str(repo)], check=True,
+                   capture_output=True)
+    # larger than huggingface_hub's 10 MiB download chunk, so a cut after 12 MiB leaves a part on disk to resume from
+    (repo / 'model-00001-of-00001.safetensors').write_bytes(os.urandom(24 * 1024 * 1024 + 17))
+    (repo / 'README.md').write_text('not wanted by allow_patterns\n')
+    return str(root)
+
+
+class Hub(object):
+    def __init__(self, root, *args):
+        self.proc = subprocess.Popen([sys.executable, HUB, root] + list(args), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith('hf-hub listening on '), line + self.proc.stderr.read()
+        self.url = line.split()[-1]
+
+    def stop(self):
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            self.log, _ = self.proc.communicate(timeout=10)
+        return self.log
+
+
+def revision(hub):
+    from huggingface_hub import HfApi
+    return HfApi(endpoint=hub.url).model_info(REPO).sha
+
+
+@pytest.fixture
+def hub(hub_root, request):
+    marker = request.node.get_closest_marker('hub_args')
+    h = Hub(hub_root, *(marker.args if marker else ()))
+    yield h
+    h.stop()
+
+
+def args(hub, dest, **extra):
+    out = dict(source='hub', repo=REPO, allow_patterns=PATTERNS, dest=str(dest), endpoint=hub.url)
+    out.update(extra)
+    if 'revision' not in out:
+        out['revision'] = revision(hub)
+    return out
+
+
+def test_download_verify_mark_then_nothing_to_do(capsys, hub, tmp_path):
+    dest = tmp_path / 'models' / 'GLM-5-NVFP4'
+    out = run_module(capsys, **args(hub, dest))
+    assert out['changed'] and out['files'] == 7, out
+    assert 'model-00001-of-00001.safetensors' in out['written'] and 'README.md' not in out['written']
+    assert not (dest / 'README.md').exists()
+    marker = json.loads((dest / '.glm5-complete').read_text())
+    assert marker['source'] == 'hub:{0}@{1}'.format(REPO, revision(hub))
+    again = run_module(capsys, **args(hub, dest))
+    assert not again['changed'] and again['written'] == []
+
+
+def test_check_mode_writes_nothing(capsys, hub, tmp_path):
+    out = run_module(capsys, check_mode=True, **args(hub, tmp_path / 'm'))
+    assert out['changed'] and len(out['written']) == 7
+    assert not (tmp_path / 'm').exists()
+
+
+@pytest.mark.hub_args('--cut-after', str(12 * 1024 * 1024))
+def test_a_dropped_download_is_resumed_and_only_then_marked(capsys, hub, tmp_path):
+    dest = tmp_path / 'm'
+    first = run_module(capsys, **args(hub, dest))
+    if first.get('failed'):                      # huggingface_hub gave up: nothing marked, a second run resumes
+        assert 'not marked complete' in first['msg'] and not (dest / '.glm5-complete').exists()
+        first = run_module(capsys, **args(hub, dest))
+    assert first['changed'] and not first.get('failed'), first
+    log = hub.stop()
+    ranges = [line for line in log.splitlines() if 'safetensors' in line and 'model-0' in line]
+    assert ranges[0].endswith('range=-') and any('range=bytes=' in r for r in ranges[1:]), log
+    assert (dest / '.glm5-complete').exists()
+
+
+def test_a_revision_the_hub_does_not_have(capsys, hub, tmp_path):
+    out = run_module(capsys, **args(hub, tmp_path / 'm', revision='0' * 40))
+    assert out['failed'] and out['msg'].startswith('revision {0} not found in {1}'.format('0' * 40, REPO))
+    assert not (tmp_path / 'm').exists()
+
+
+@pytest.mark.hub_args('--token', 'right')
+def test_token_needed(capsys, hub, tmp_path):
+    from huggingface_hub import HfApi
+    rev = HfApi(endpoint=hub.url, token='right').model_info(REPO).sha
+    out = run_module(capsys, **args(hub, tmp_path / 'm', revision=rev, token='wrong'))
+    assert out['failed'] and 'no access with this token' in out['msg'] and 'wrong' not in out['msg']
+    ok = run_module(capsys, **args(hub, tmp_path / 'm', revision=rev, token='right'))
+    assert ok['changed'] and ok['files'] == 7
+
+
+@pytest.mark.hub_args('--corrupt', 'model-00001-of-00001.safetensors')
+def test_bytes_that_are_not_the_published_ones_are_refused(capsys, hub, tmp_path):
+    out = run_module(capsys, **args(hub, tmp_path / 'm'))
+    assert out['failed'], out
+    assert 'model-00001-of-00001.safetensors: sha256 ' in out['msg'] and 'not marked complete' in out['msg'], out
+    assert not (tmp_path / 'm' / '.glm5-complete').exists()
