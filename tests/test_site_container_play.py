@@ -95,7 +95,7 @@ def test_state_absent_removes_the_container_and_keeps_host_data(ct, lab_api, tmp
         run = site(dict(NODE, pve_container_state='absent'), '--check', '--diff')
         assert run.rc == 0, run
         assert 'skipped: CT 196 would be destroyed (pve_container_state: absent); --check leaves it' in run.out, run
-        assert '-    dev0: /dev/nvidia0,mode=0666' in run.raw, run    # the diff shows what would go
+        assert '-    dev0: /dev/nvidia0,gid=2000,mode=0660' in run.raw, run    # the diff shows what would go
         assert snapshot(lab_api) == before
         for _ in range(2):   # and again: nothing left to remove
             run = site(dict(NODE, pve_container_state='absent'))
