@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import model_weights
+import modrun
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUB = os.path.join(ROOT, 'scripts', 'lab', 'hf-hub')
@@ -18,11 +18,7 @@ PATTERNS = ['*.json', '*.safetensors']
 
 
 def run_module(capsys, check_mode=False, **args):
-    if check_mode:
-        args['_ansible_check_mode'] = True
-    with patch_module_args(args), pytest.raises(SystemExit):
-        model_weights.main()
-    return json.loads(capsys.readouterr().out)
+    return modrun.run_module(model_weights, capsys, check_mode, **args)
 
 
 @pytest.fixture(scope='module')

@@ -7,19 +7,15 @@ import subprocess
 import sys
 
 import model_weights
+import modrun
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAND_IN = os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model')
 
 
 def run_module(capsys, check_mode=False, **args):
-    if check_mode:
-        args['_ansible_check_mode'] = True
-    with patch_module_args(args), pytest.raises(SystemExit):
-        model_weights.main()
-    return json.loads(capsys.readouterr().out)
+    return modrun.run_module(model_weights, capsys, check_mode, **args)
 
 
 @pytest.fixture(scope='module')

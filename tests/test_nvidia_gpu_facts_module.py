@@ -1,12 +1,11 @@
 """The nvidia_gpu_facts module run in-process: against the lab's stand-in nvidia-smi (the constructed
 8-GPU fixture) with /proc and /sys of a temporary root, and against an nvidia-smi that fails."""
-import json
 import os
 import shutil
 
+import modrun
 import nvidia_gpu_facts
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STANDIN = os.path.join(ROOT, 'scripts', 'lab', 'nvidia-smi')
@@ -14,9 +13,7 @@ RTX = os.path.join(ROOT, 'tests', 'fixtures', 'nvidia-smi', 'rtx-pro-6000-8gpu-c
 
 
 def run_module(capsys, **args):
-    with patch_module_args(args), pytest.raises(SystemExit):
-        nvidia_gpu_facts.main()
-    return json.loads(capsys.readouterr().out)
+    return modrun.run_module(nvidia_gpu_facts, capsys, **args)
 
 
 @pytest.fixture

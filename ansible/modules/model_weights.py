@@ -128,6 +128,25 @@ def write_marker(dest, marker):
     os.replace(tmp, os.path.join(dest, MARKER))
 
 
+def start(module, dest, source, sizes, exclude):
+    """What both sources do first: (result, None) when there is nothing to do (the marker names this source and
+    these files and sizes, and they are there) or in check mode; else the marker is removed, since nothing is
+    complete again until verified, and (None, the files to write) is returned."""
+    marker = read_marker(dest)
+    have = listing(dest, exclude) if os.path.isdir(dest) else {}
+    if marker and marker.get('source') == source and \
+            {k: v['size'] for k, v in marker.get('files', {}).items()} == sizes and \
+            all(have.get(k) == v for k, v in sizes.items()):
+        return dict(changed=False, files=len(sizes), bytes=sum(sizes.values()), written=[], marker=marker), None
+    todo = sorted(k for k, v in sizes.items() if have.get(k) != v)
+    if module.check_mode:
+        return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, marker=marker or {}), None
+    os.makedirs(dest, exist_ok=True)
+    if os.path.exists(os.path.join(dest, MARKER)):
+        os.unlink(os.path.join(dest, MARKER))
+    return None, todo
+
+
 def hub_error(exc, p):
     where = '{0} at {1}'.format(p['repo'], p['endpoint'] or 'huggingface.co')
     name = type(exc).__name__
@@ -162,18 +181,9 @@ def from_hub(module):
                                                                                     p['allow_patterns']))
     source = 'hub:{0}@{1}'.format(p['repo'], info.sha)
     sizes = dict((k, s.size) for k, s in wanted.items())
-    marker = read_marker(dest)
-    have = listing(dest, set(p['exclude'])) if os.path.isdir(dest) else {}
-    if marker and marker.get('source') == source and \
-            {k: v['size'] for k, v in marker.get('files', {}).items()} == sizes and \
-            all(have.get(k) == v for k, v in sizes.items()):
-        return dict(changed=False, files=len(sizes), bytes=sum(sizes.values()), written=[], marker=marker)
-    todo = sorted(k for k, v in sizes.items() if have.get(k) != v)
-    if module.check_mode:
-        return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, marker=marker or {})
-    os.makedirs(dest, exist_ok=True)
-    if os.path.exists(os.path.join(dest, MARKER)):
-        os.unlink(os.path.join(dest, MARKER))
+    result, todo = start(module, dest, source, sizes, set(p['exclude']))
+    if result:
+        return result
     try:
         snapshot_download(p['repo'], revision=info.sha, allow_patterns=sorted(wanted), local_dir=dest,
                           token=p['token'] or None, endpoint=p['endpoint'] or None)
@@ -213,17 +223,9 @@ def run(module):
     if not os.path.isfile(os.path.join(src, 'config.json')):
         module.fail_json(msg='{0} has no config.json: not a model directory'.format(src))
     want = listing(src, exclude)
-    have = listing(dest, exclude) if os.path.isdir(dest) else {}
-    marker = read_marker(dest)
-    if marker and marker.get('source') == src and {k: v['size'] for k, v in marker.get('files', {}).items()} == want \
-            and all(have.get(k) == v for k, v in want.items()):
-        return dict(changed=False, files=len(want), bytes=sum(want.values()), written=[], marker=marker)
-    todo = sorted(k for k, v in want.items() if have.get(k) != v)
-    if module.check_mode:
-        return dict(changed=True, files=len(want), bytes=sum(want.values()), written=todo, marker=marker or {})
-    os.makedirs(dest, exist_ok=True)
-    if os.path.exists(os.path.join(dest, MARKER)):
-        os.unlink(os.path.join(dest, MARKER))    # not complete again until verified below
+    result, todo = start(module, dest, src, want, exclude)
+    if result:
+        return result
     files = {}
     for rel in sorted(want):
         s, d = os.path.join(src, rel), os.path.join(dest, rel)
