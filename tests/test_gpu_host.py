@@ -101,3 +101,41 @@ def test_facts_module_on_a_real_host(host, capsys):
     assert facts['kernel_module']['version'] == facts['driver_version']
     assert facts['majors']['nvidia'] == 195
     assert len(facts['topology']) == len(host['minors']) * (len(host['minors']) - 1) // 2
+
+
+def test_the_smoke_tests_gpu_sample_query_on_a_real_gpu(host, tmp_path):
+    """The query sglang_bench samples with during the sweep: every GPU, every figure a number. With torch on the
+    machine, a sample taken under a matmul load shows the GPU busy. GLM5_RECORD_DIR keeps the raw outputs."""
+    from nvidia_facts import SAMPLE_ARGS, parse_sample_csv
+    idle = subprocess.run(['nvidia-smi'] + SAMPLE_ARGS, capture_output=True, text=True, check=True).stdout
+    gpus = parse_sample_csv(idle)
+    assert [g['index'] for g in gpus] == list(range(len(host['minors'])))
+    for g in gpus:
+        for key in ('utilization_gpu_pct', 'power_draw_w', 'power_limit_w', 'memory_used_mib', 'memory_total_mib',
+                    'clocks_sm_mhz', 'temperature_c'):
+            assert isinstance(g[key], (int, float)), (key, g)
+        assert 0 < g['power_draw_w'] <= g['power_limit_w'] * 1.2
+    record = os.environ.get('GLM5_RECORD_DIR')
+    if record:
+        with open(os.path.join(record, 'sample-query-idle.csv'), 'w') as fh:
+            fh.write(idle)
+    load = ('import torch, time\nx = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)\n'
+            't = time.time()\nwhile time.time() - t < 12:\n    y = x @ x\n    torch.cuda.synchronize()\n')
+    try:
+        proc = subprocess.Popen(['python3', '-c', load], stderr=subprocess.PIPE, text=True)
+    except OSError:
+        return
+    import time
+    time.sleep(8)
+    busy = subprocess.run(['nvidia-smi'] + SAMPLE_ARGS, capture_output=True, text=True, check=True).stdout
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode != 0:
+        pytest.skip('no torch with CUDA here for the load half: ' + err[-200:])
+    if record:
+        with open(os.path.join(record, 'sample-query-busy.csv'), 'w') as fh:
+            fh.write(busy)
+    loaded = parse_sample_csv(busy)[0]
+    print('idle:', gpus[0], '\nbusy:', loaded)
+    assert loaded['utilization_gpu_pct'] > 50
+    assert loaded['power_draw_w'] > gpus[0]['power_draw_w']
+    assert loaded['memory_used_mib'] > gpus[0]['memory_used_mib']

@@ -182,3 +182,85 @@ def test_the_real_bench_serving_runs_against_it(engine, python, model, tmp_path)
     result = json.loads(out.read_text().splitlines()[-1])
     assert result['completed'] == 16
     assert result['total_output_tokens'] > 0 and result['output_throughput'] > 0
+
+
+# ---- the smoke test's modules against the emulator (sglang_probe, sglang_bench) ----
+PROBES = [{'prompt': 'What is 17 + 25? Answer with the number only.', 'expect': '42'},
+          {'prompt': 'What is the capital of France? Answer with one word.', 'expect': 'Paris'}]
+
+
+def probe(e, capsys, **kw):
+    import sglang_probe
+    from modrun import run_module
+    return run_module(sglang_probe, capsys, url=e.url, api_key=KEY, model='glm-5', probes=PROBES, max_tokens=24, **kw)
+
+
+def test_the_probe_module_passes_a_healthy_engine(engine, capsys):
+    out = probe(engine, capsys)
+    assert out['passed'] and out['problems'] == [] and not out['changed']
+    assert [r['answer'] for r in out['results']] == ['42', 'Paris']
+
+
+def test_the_probe_module_with_a_wrong_key_fails_it(engine, capsys):
+    import sglang_probe
+    from modrun import run_module
+    out = run_module(sglang_probe, capsys, url=engine.url, api_key='wrong', model='glm-5', probes=PROBES[:1])
+    assert not out['passed'] and 'HTTP 401' in out['problems'][0]
+
+
+@pytest.mark.engine(faults='nan')
+def test_the_probe_module_catches_nan(special, capsys):
+    out = probe(special, capsys)
+    assert not out['passed']
+    text = ' '.join(out['problems'])
+    assert 'repeated-token loop' in text and 'not finite' in text and "expected '42'" in text
+
+
+@pytest.mark.engine(faults='garbage')
+def test_the_probe_module_catches_garbage(special, capsys):
+    out = probe(special, capsys)
+    assert not out['passed'] and 'replacement characters (U+FFFD)' in ' '.join(out['problems'])
+
+
+@pytest.mark.engine(extra=['--reasoning-parser', 'glm45'])
+def test_the_probe_module_reads_reasoning_content(special, capsys):
+    assert probe(special, capsys)['passed']
+
+
+def bench(e, python, model, tmp_path, capsys, **kw):
+    import sglang_bench
+    from modrun import run_module
+    args = dict(python=python, base_url=e.url, model='glm-5', tokenizer=model, api_key=KEY, concurrency=4, prompts=8,
+                input_len=64, output_len=8, output_file=str(tmp_path / 'bench.jsonl'),
+                log_file=str(tmp_path / 'bench-c4.log'), samples_file=str(tmp_path / 'gpu.jsonl'),
+                nvidia_smi=os.path.join(ROOT, 'scripts', 'lab', 'nvidia-smi'), sample_interval=0.5, timeout=300)
+    args.update(kw)
+    return run_module(sglang_bench, capsys, **args)
+
+
+def test_the_bench_module_runs_one_level_and_samples_the_gpus(engine, python, model, tmp_path, capsys):
+    out = bench(engine, python, model, tmp_path, capsys)
+    assert out['exit_code'] == 0 and out['line'] == 0 and out['error'] is None, out
+    assert out['result']['completed'] == 8 and out['result']['max_concurrency'] == 4
+    assert 'OPENAI_API_KEY' not in ' '.join(out['cmd']) and KEY not in out['cmd']
+    assert out['cmd'][out['cmd'].index('--dataset-name') + 1] == 'random-ids'
+    samples = [json.loads(x) for x in (tmp_path / 'gpu.jsonl').read_text().splitlines()]
+    assert len(samples) == out['samples'] >= 1
+    assert [g['index'] for g in samples[0]['gpus']] == list(range(8)) and samples[0]['level'] == 4
+    again = bench(engine, python, model, tmp_path, capsys, concurrency=2, prompts=4)
+    assert again['line'] == 1 and again['result']['max_concurrency'] == 2
+
+
+@pytest.mark.engine(faults='crash-after=5')
+def test_the_bench_module_reports_a_crash_as_lost_requests(special, python, model, tmp_path, capsys):
+    out = bench(special, python, model, tmp_path, capsys, prompts=16)
+    assert special.proc.wait(30) == 1
+    if out['line'] is None:
+        assert 'wrote no result' in out['error']
+    else:
+        assert out['result']['completed'] < 16
+
+
+def test_the_bench_module_without_nvidia_smi_says_so(engine, python, model, tmp_path, capsys):
+    out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='nvidia-smi-not-here')
+    assert out['samples'] == 0 and 'no GPU samples' in out['gpu_note']

@@ -11,6 +11,12 @@ import xml.etree.ElementTree as ET
 QUERY_FIELDS = ['index', 'name', 'uuid', 'pci.bus_id', 'driver_version', 'vbios_version', 'memory.total',
                 'power.limit', 'power.draw', 'power.max_limit', 'compute_cap', 'persistence_mode', 'clocks.max.sm']
 QUERY_ARGS = ['--query-gpu=' + ','.join(QUERY_FIELDS), '--format=csv']
+# What the smoke test samples during its sweep, every few seconds (parse_sample_csv).
+# nvidia-smi heads a column with a field's canonical name (clocks.sm -> clocks.current.sm): the columns are read by
+# position, in this order.
+SAMPLE_FIELDS = ['index', 'utilization.gpu', 'power.draw', 'power.limit', 'memory.used', 'memory.total',
+                 'clocks.current.sm', 'temperature.gpu']
+SAMPLE_ARGS = ['--query-gpu=' + ','.join(SAMPLE_FIELDS), '--format=csv']
 
 _ANSI = re.compile(r'\x1b\[[0-9;]*m')
 _NA = ('', 'n/a', '[n/a]', '[not supported]', 'not supported', 'none', '[unknown error]')
@@ -69,6 +75,32 @@ def parse_query_csv(text):
             'compute_cap': v.get('compute_cap') if (v.get('compute_cap') or '').lower() not in _NA else None,
             'persistence_mode': _enabled(v.get('persistence_mode')),
             'clocks_max_sm_mhz': _number(v.get('clocks.max.sm')),
+        })
+    return gpus
+
+
+def parse_sample_csv(text):
+    """`nvidia-smi --query-gpu=<SAMPLE_FIELDS> --format=csv` -> one dict per GPU (the load figures only)."""
+    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+    if not rows or not rows[0] or rows[0][0].strip() != 'index' or len(rows[0]) != len(SAMPLE_FIELDS):
+        raise NvidiaParseError('not nvidia-smi --query-gpu CSV of the sample fields: {0!r}'.format(text[:200]))
+    gpus = []
+    for row in rows[1:]:
+        if not row:
+            continue
+        if len(row) != len(SAMPLE_FIELDS):
+            raise NvidiaParseError('nvidia-smi --query-gpu row has {0} fields, expected {1}: {2!r}'.format(
+                len(row), len(SAMPLE_FIELDS), row))
+        v = dict(zip(SAMPLE_FIELDS, (c.strip() for c in row), strict=True))
+        gpus.append({
+            'index': int(v['index']),
+            'utilization_gpu_pct': _number(v['utilization.gpu']),
+            'power_draw_w': _number(v['power.draw']),
+            'power_limit_w': _number(v['power.limit']),
+            'memory_used_mib': _number(v['memory.used']),
+            'memory_total_mib': _number(v['memory.total']),
+            'clocks_sm_mhz': _number(v['clocks.current.sm']),
+            'temperature_c': _number(v['temperature.gpu']),
         })
     return gpus
 

@@ -1,0 +1,229 @@
+#!/usr/bin/python
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_bench
+short_description: One concurrency level of sglang.bench_serving against a running server, the GPUs sampled meanwhile
+description:
+  - Runs the real C(python -m sglang.bench_serving) of the given Python (the node's SGLang environment) once:
+    C(--backend sglang-oai --dataset-name random-ids) (offline, no dataset download), the given lengths and
+    C(--random-range-ratio), C(--num-prompts), C(--max-concurrency), C(--request-rate inf), appending its result line
+    to C(output_file) (JSONL). The API key goes in through C(OPENAI_API_KEY), never on the command line.
+  - While it runs, samples every GPU with C(nvidia-smi --query-gpu) (utilisation, power draw and limit, memory, SM
+    clock, temperature) every C(sample_interval) seconds and appends the samples to C(samples_file) (JSONL, one line
+    per sample with the level). No nvidia-smi -> no samples, said in C(gpu_note).
+  - Raises the open-files limit for bench_serving (one file per connection; it asks for 65535 itself but cannot go
+    past a low hard limit, and then requests beyond it fail).
+  - Never fails because the server did badly: a level that produced no result line (bench_serving crashed, the
+    server went away) is reported with C(line=null) and the error; the caller's gates decide. It fails only when
+    bench_serving cannot be started.
+options:
+  python: {description: The SGLang environment's Python., type: path, required: true}
+  base_url: {description: The server (http://host:port)., type: str, required: true}
+  model: {description: The served model name., type: str, required: true}
+  tokenizer: {description: The tokenizer directory (the model's)., type: path, required: true}
+  api_key: {description: The server's API key., type: str, default: ''}
+  concurrency: {description: C(--max-concurrency)., type: int, required: true}
+  prompts: {description: C(--num-prompts)., type: int, required: true}
+  input_len: {description: C(--random-input-len)., type: int, default: 256}
+  output_len: {description: C(--random-output-len)., type: int, default: 128}
+  range_ratio: {description: C(--random-range-ratio) (0.0 lengths uniform in [1, L], 1.0 fixed)., type: float, default: 0.0}
+  seed: {description: C(--seed)., type: int, default: 1}
+  output_file: {description: bench_serving's C(--output-file) (it appends)., type: path, required: true}
+  log_file: {description: bench_serving's stdout and stderr., type: path, required: true}
+  samples_file: {description: The GPU samples (JSONL, appended)., type: path, required: true}
+  nvidia_smi: {description: The nvidia-smi to sample with (a name on PATH or a path)., type: str, default: nvidia-smi}
+  sample_interval: {description: Seconds between GPU samples., type: float, default: 2.0}
+  timeout: {description: Seconds the level may take before bench_serving is stopped., type: int, default: 3600}
+  extra_args: {description: More bench_serving arguments., type: list, elements: str, default: []}
+author: GLM-5 node maintainers
+'''
+
+EXAMPLES = r'''
+- name: Concurrency 64
+  sglang_bench:
+    python: /opt/glm5/sglang/bin/python
+    base_url: http://127.0.0.1:30000
+    model: glm-5
+    tokenizer: /models/GLM-5-NVFP4
+    api_key: "{{ key }}"
+    concurrency: 64
+    prompts: 256
+    output_file: /var/lib/glm5/bench-history/run/bench.jsonl
+    log_file: /var/lib/glm5/bench-history/run/bench-c64.log
+    samples_file: /var/lib/glm5/bench-history/run/gpu.jsonl
+'''
+
+RETURN = r'''
+concurrency: {description: The level., returned: always, type: int}
+prompts: {description: Prompts sent., returned: always, type: int}
+line:
+  description: The 0-based line of output_file with this level's result, or null when none was written.
+  returned: always
+  type: int
+result: {description: That line, parsed., returned: always, type: dict}
+exit_code: {description: bench_serving's exit status (null when stopped at the timeout)., returned: always, type: int}
+error: {description: Why there is no result (the log's last lines)., returned: always, type: str}
+seconds: {description: Wall time of the level., returned: always, type: float}
+samples: {description: GPU samples taken., returned: always, type: int}
+gpu_note: {description: Where the GPU figures come from, or why there are none., returned: always, type: str}
+cmd: {description: The bench_serving command line (no key in it)., returned: always, type: list}
+open_files_limit: {description: The open-files limit bench_serving ran with (one per connection)., returned: always, type: int}
+'''
+
+import json
+import os
+import re
+import resource
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_facts import SAMPLE_ARGS, NvidiaParseError, parse_sample_csv
+
+
+def count_lines(path):
+    try:
+        with open(path) as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
+
+
+def read_line(path, index):
+    with open(path) as fh:
+        lines = [line for line in fh if line.strip()]
+    return json.loads(lines[index]) if 0 <= index < len(lines) else None
+
+
+def sample(smi, level, fh):
+    try:
+        out = subprocess.run([smi] + SAMPLE_ARGS, capture_output=True, text=True, timeout=20)
+        gpus = parse_sample_csv(out.stdout) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, NvidiaParseError):
+        gpus = None
+    if gpus is None:
+        return False
+    fh.write(json.dumps({'t': round(time.time(), 3), 'level': level, 'gpus': gpus}, sort_keys=True) + '\n')
+    fh.flush()
+    return True
+
+
+def last_error(path):
+    """The log's last exception line (a traceback's last word), else its last line; at most 300 characters."""
+    with open(path, errors='replace') as fh:
+        lines = [x.strip() for x in fh if x.strip()]
+    found = [x for x in lines if re.match(r'^[\w.]*(Error|Exception|Interrupt)\b', x)]
+    text = (found or lines or ['(empty log)'])[-1]
+    return text if len(text) <= 300 else text[:297] + '...'
+
+
+def open_files_limit(want=65535):
+    """bench_serving raises its soft open-files limit to 65535 itself, but only up to the hard limit: a shell's hard
+    limit (20000, or 4096 on some hosts) makes connections fail beyond it. Root raises the hard limit first; else the
+    soft limit goes up to the hard one. -> the limit bench_serving gets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
+def command(p):
+    return [p['python'], '-m', 'sglang.bench_serving', '--backend', 'sglang-oai', '--base-url', p['base_url'],
+            '--model', p['model'], '--tokenizer', p['tokenizer'], '--dataset-name', 'random-ids',
+            '--random-input-len', str(p['input_len']), '--random-output-len', str(p['output_len']),
+            '--random-range-ratio', repr(float(p['range_ratio'])), '--num-prompts', str(p['prompts']),
+            '--max-concurrency', str(p['concurrency']), '--request-rate', 'inf', '--seed', str(p['seed']),
+            '--output-file', p['output_file'], '--disable-tqdm'] + list(p['extra_args'])
+
+
+def run(module):
+    p = module.params
+    cmd = command(p)
+    smi = p['nvidia_smi'] if os.path.isabs(p['nvidia_smi']) else module.get_bin_path(p['nvidia_smi'])
+    if smi and not os.access(smi, os.X_OK):
+        smi = None
+    gpu_note = 'nvidia-smi ({0})'.format(smi) if smi else 'no nvidia-smi in the container: no GPU samples'
+    for path in (p['output_file'], p['log_file'], p['samples_file']):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    nofile = open_files_limit()
+    if nofile < p['concurrency'] + 256:
+        module.warn('the open-files limit is {0}: {1} concurrent requests need more; some will fail'.format(
+            nofile, p['concurrency']))
+    before = count_lines(p['output_file'])
+    env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1')
+    samples, code = 0, None
+    t0 = time.monotonic()
+    with open(p['log_file'], 'w') as log, open(p['samples_file'], 'a') as sfh:
+        log.write('$ ' + ' '.join(cmd) + '\n')
+        log.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd='/tmp')
+        except OSError as exc:
+            module.fail_json(msg='cannot start bench_serving with {0}: {1}'.format(p['python'], exc), cmd=cmd)
+        while True:
+            if smi and sample(smi, p['concurrency'], sfh):
+                samples += 1
+            deadline = time.monotonic() + p['sample_interval']
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            if proc.poll() is not None:
+                code = proc.returncode
+                break
+            if time.monotonic() - t0 > p['timeout']:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                log.write('\nstopped after {0} s (timeout)\n'.format(p['timeout']))
+                break
+    seconds = round(time.monotonic() - t0, 1)
+    after = count_lines(p['output_file'])
+    line = after - 1 if after > before else None
+    result = read_line(p['output_file'], line) if line is not None else None
+    error = None
+    if result is None:
+        error = 'bench_serving {0} and wrote no result: {1} (whole log: {2})'.format(
+            'was stopped at the timeout' if code is None else 'exited {0}'.format(code), last_error(p['log_file']),
+            p['log_file'])
+    # exit_code, not rc: Ansible takes a non-zero rc for a failed task, and a level that went wrong is the gates' call
+    return dict(changed=True, concurrency=p['concurrency'], prompts=p['prompts'], line=line, result=result, exit_code=code,
+                error=error, seconds=seconds, samples=samples, gpu_note=gpu_note, cmd=cmd, open_files_limit=nofile)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type='path', required=True),
+            base_url=dict(type='str', required=True),
+            model=dict(type='str', required=True),
+            tokenizer=dict(type='path', required=True),
+            api_key=dict(type='str', default='', no_log=True),
+            concurrency=dict(type='int', required=True),
+            prompts=dict(type='int', required=True),
+            input_len=dict(type='int', default=256),
+            output_len=dict(type='int', default=128),
+            range_ratio=dict(type='float', default=0.0),
+            seed=dict(type='int', default=1),
+            output_file=dict(type='path', required=True),
+            log_file=dict(type='path', required=True),
+            samples_file=dict(type='path', required=True),
+            nvidia_smi=dict(type='str', default='nvidia-smi'),
+            sample_interval=dict(type='float', default=2.0),
+            timeout=dict(type='int', default=3600),
+            extra_args=dict(type='list', elements='str', default=[]),
+        ),
+        supports_check_mode=False,
+    )
+    if module.params['concurrency'] < 1 or module.params['prompts'] < 1:
+        module.fail_json(msg='concurrency and prompts must be >= 1')
+    module.exit_json(**run(module))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,296 @@
+"""The smoke test's decisions (ansible/module_utils/glm5_smoke.py, ansible/filter_plugins/sglang_smoke.py) and its
+report, on golden run folders that real sglang.bench_serving runs against the lab's engine emulator produced
+(tests/fixtures/smoke/README.md says which). No network, no lab."""
+import copy
+import json
+import os
+import struct
+
+import glm5_smoke as gs
+import pytest
+import sglang_smoke_report
+import yaml
+from ansible.errors import AnsibleFilterError
+from modrun import run_module
+from sglang_smoke import env_file_value, sglang_unit_launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, 'tests', 'fixtures', 'smoke')
+CASES = sorted(d for d in (os.listdir(GOLDEN) if os.path.isdir(GOLDEN) else []) if os.path.isdir(os.path.join(GOLDEN, d)))
+
+
+def defaults():
+    with open(os.path.join(ROOT, 'roles', 'sglang_smoke', 'defaults', 'main.yml')) as fh:
+        d = yaml.safe_load(fh)
+    return {'levels': d['sglang_smoke_levels'], 'input_len': d['sglang_smoke_input_len'],
+            'output_len': d['sglang_smoke_output_len'], 'range_ratio': d['sglang_smoke_range_ratio'],
+            'prompts_per_concurrency': d['sglang_smoke_prompts_per_concurrency'],
+            'min_prompts': d['sglang_smoke_min_prompts'], 'tolerance': d['sglang_smoke_tolerance'],
+            'baseline': d['sglang_smoke_baseline'], 'limits': d['sglang_smoke_limits'],
+            'probes': d['sglang_smoke_probes'], 'dataset': 'random-ids'}
+
+
+# ---------------------------------------------------------------- settings
+def test_the_defaults_are_usable_and_are_the_seeds_table():
+    cfg = defaults()
+    assert gs.config_problems(cfg) == []
+    assert cfg['levels'] == [1, 64, 256, 512, 1024]
+    assert cfg['range_ratio'] == 0.0 and (cfg['input_len'], cfg['output_len']) == (256, 128)
+    base = gs.by_level(cfg['baseline'])
+    assert base[1] == {'output_tok_s': 8.2}
+    assert [base[c]['total_tok_s'] for c in (64, 256, 512, 1024)] == [700, 1846, 2800, 3740]
+    assert base[1024]['output_tok_s'] == 1240
+
+
+@pytest.mark.parametrize('change, words', [
+    ({'levels': []}, 'non-empty list'),
+    ({'levels': [1, 0]}, '0 is not a whole number'),
+    ({'levels': [1, 'x']}, "'x' is not"),
+    ({'levels': [64, 1]}, 'must go up'),
+    ({'levels': [1, 1]}, 'lists a level twice'),
+    ({'input_len': 0}, 'sglang_smoke_input_len must be a whole number'),
+    ({'range_ratio': 1.5}, 'sglang_smoke_range_ratio must be a number from 0.0'),
+    ({'range_ratio': 'half'}, 'sglang_smoke_range_ratio'),
+    ({'tolerance': 0}, 'sglang_smoke_tolerance must be a fraction'),
+    ({'tolerance': 1.2}, 'sglang_smoke_tolerance must be a fraction'),
+    ({'min_prompts': 0}, 'sglang_smoke_min_prompts must be a whole number'),
+    ({'baseline': {64: {'total_tok_s': -1}}}, 'sglang_smoke_baseline[64].total_tok_s must be a positive number'),
+    ({'baseline': {64: {'totl_tok_s': 700}}}, "unknown figure 'totl_tok_s'"),
+    ({'baseline': {'many': {'total_tok_s': 700}}}, "'many' is not a concurrency level"),
+    ({'limits': {1: {'p99_tpot_ms': 'fast'}}}, 'sglang_smoke_limits[1].p99_tpot_ms'),
+    ({'limits': [1, 2]}, 'sglang_smoke_limits must map'),
+    ({'probes': [{'prompt': 'hi'}]}, 'needs a non-empty prompt and expect'),
+])
+def test_bad_settings_are_named(change, words):
+    cfg = dict(defaults(), **change)
+    problems = gs.config_problems(cfg)
+    assert any(words in p for p in problems), problems
+
+
+def test_string_level_keys_from_json_are_levels():
+    cfg = defaults()
+    cfg['baseline'] = {'64': {'total_tok_s': 700}}
+    assert gs.config_problems(cfg) == []
+    assert gs.by_level(cfg['baseline']) == {64: {'total_tok_s': 700}}
+
+
+def test_the_report_module_refuses_bad_settings_before_anything(capsys):
+    cfg = dict(defaults(), tolerance=2, levels=[64, 1])
+    out = run_module(sglang_smoke_report, capsys, action='validate', settings=cfg)
+    assert out['failed'] and 'Nothing was run' in out['msg']
+    assert len(out['problems']) == 2
+
+
+def test_prompt_counts():
+    assert gs.prompts_for(1, 4, 8) == 8
+    assert gs.prompts_for(64, 4, 8) == 256
+    assert gs.prompts_for(1024, 4, 8) == 4096
+
+
+# ---------------------------------------------------------------- probe decisions
+def chat(content=None, reasoning=None, logprobs=None):
+    message = {'role': 'assistant', 'content': content}
+    if reasoning is not None:
+        message['reasoning_content'] = reasoning
+    choice = {'index': 0, 'message': message, 'finish_reason': 'stop'}
+    if logprobs is not None:
+        choice['logprobs'] = {'content': [{'token': 't', 'logprob': v} for v in logprobs]}
+    return {'choices': [choice]}
+
+
+PROBE = {'prompt': 'What is 17 + 25?', 'expect': '42'}
+
+
+def test_a_right_answer_passes():
+    assert gs.judge_answer(PROBE, 200, chat('42', logprobs=[-0.1, -0.2]))[1] == []
+    assert gs.judge_answer(PROBE, 200, chat('The answer is 42.'))[1] == []
+
+
+def test_a_reasoning_model_may_answer_in_reasoning_content():
+    assert gs.judge_answer(PROBE, 200, chat(None, reasoning='17 + 25 = 42'))[1] == []
+
+
+@pytest.mark.parametrize('body, words', [
+    (chat('43'), "expected '42'"),
+    (chat('420'), "expected '42'"),
+    (chat('4.2'), "expected '42'"),
+    (chat(''), 'empty answer'),
+    (chat('42 \ufffd\ufffd'), 'replacement characters'),
+    (chat(' '.join(['the'] * 40)), 'repeated-token loop'),
+    (chat('42' + 'ab' * 30), 'repeated-token loop'),
+    (chat('42', logprobs=[float('nan'), -0.1]), 'not finite'),
+    (chat('42', logprobs=[None]), 'not finite'),
+    ({'error': 'x'}, 'not a chat completion'),
+])
+def test_wrong_answers_are_named(body, words):
+    problems = gs.judge_answer(PROBE, 200, body)[1]
+    assert any(words in p for p in problems), problems
+
+
+def test_an_http_error_is_a_failed_probe():
+    problems = gs.judge_answer(PROBE, 401, {'error': 'Unauthorized'})[1]
+    assert problems and problems[0].startswith('HTTP 401')
+
+
+def test_ordinary_text_is_not_a_loop():
+    assert gs.repeated_loop('Paris is the capital of France, and it has been for a very long time indeed.') is None
+    assert gs.repeated_loop('1 2 3 4 5 6 7 8 9 10 11 12 13 14') is None
+
+
+# ---------------------------------------------------------------- the unit
+UNIT = ('[Service]\nEnvironmentFile=/etc/glm5/glm5-sglang.env\n'
+        'ExecStart=/opt/glm5/sglang/bin/python -m sglang.launch_server --model-path /models/GLM-5-NVFP4 '
+        '--served-model-name glm-5 --host 0.0.0.0 --port 8000 --tp 8 --disable-radix-cache --api-key ${SGLANG_API_KEY}\n')
+
+
+def test_the_unit_says_what_to_test():
+    u = sglang_unit_launch(UNIT)
+    assert u['python'] == '/opt/glm5/sglang/bin/python'
+    assert u['base_url'] == 'http://127.0.0.1:8000'
+    assert (u['model_path'], u['tokenizer'], u['served_model_name']) == ('/models/GLM-5-NVFP4',) * 2 + ('glm-5',)
+    assert '--api-key' not in u['argv'] and '--disable-radix-cache' in u['argv']
+    other = sglang_unit_launch(UNIT.replace('--tp 8', '--tp 4'))
+    assert other['flags_sha256'] != u['flags_sha256'] and len(u['flags_sha256']) == 64
+
+
+def test_a_unit_without_a_launch_line_is_refused():
+    with pytest.raises(AnsibleFilterError, match='ExecStart'):
+        sglang_unit_launch('[Service]\n')
+    with pytest.raises(AnsibleFilterError, match='--port'):
+        sglang_unit_launch('ExecStart=/py -m sglang.launch_server --model-path /m\n')
+
+
+def test_the_key_from_the_environment_file():
+    text = '# comment\nSGLANG_CACHE_DIR="/var/cache/sglang"\nSGLANG_API_KEY="k-\\"1"\n'
+    assert env_file_value(text, 'SGLANG_API_KEY') == 'k-"1'
+    assert env_file_value(text, 'MISSING') == ''
+
+
+# ---------------------------------------------------------------- golden runs
+def load(case):
+    d = os.path.join(GOLDEN, case)
+    with open(os.path.join(d, 'summary.json')) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(d, 'bench.jsonl')) as fh:
+        records = gs.parse_jsonl(fh.read())
+    samples = []
+    if os.path.exists(os.path.join(d, 'gpu.jsonl')):
+        with open(os.path.join(d, 'gpu.jsonl')) as fh:
+            samples = gs.parse_jsonl(fh.read())
+    return summary, records, samples
+
+
+def settings_of(summary):
+    cfg = dict(summary['settings'], baseline=summary['baseline'], limits=summary['limits'])
+    return cfg
+
+
+def test_there_are_golden_runs():
+    assert {'healthy', 'slow', 'crash'} <= set(CASES), CASES
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_golden_runs_are_decided_as_they_were(case):
+    """The decisions taken on the real run reproduce from its raw JSONL."""
+    summary, records, _ = load(case)
+    levels = gs.evaluate(summary['sweep'], records, settings_of(summary))
+    assert levels == summary['levels']
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_the_figures_are_bench_servings_own(case):
+    summary, records, _ = load(case)
+    for item, lv in zip(summary['sweep'], summary['levels'], strict=True):
+        if item['line'] is None:
+            continue
+        rec = records[item['line']]
+        assert rec['max_concurrency'] == lv['concurrency']
+        assert lv['metrics']['total_tok_s'] == rec['total_throughput']
+        assert lv['metrics']['output_tok_s'] == rec['output_throughput']
+        assert lv['metrics']['p99_tpot_ms'] == rec['p99_tpot_ms']
+        assert lv['metrics']['failed'] == item['prompts'] - rec['completed']
+
+
+def test_the_healthy_run_passes_every_gate():
+    summary, _, _ = load('healthy')
+    assert summary['passed'] and summary['reasons'] == []
+    assert all(g['passed'] for lv in summary['levels'] for g in lv['gates'])
+    assert all(lv['metrics']['failed'] == 0 for lv in summary['levels'])
+
+
+def test_the_slow_run_fails_on_throughput():
+    summary, _, _ = load('slow')
+    assert not summary['passed']
+    failed = [g for lv in summary['levels'] for g in lv['gates'] if not g['passed']]
+    assert failed and all(g['gate'] in ('total_tok_s', 'output_tok_s', 'p99_tpot_ms') for g in failed)
+    assert all(g['value'] < g['threshold'] for g in failed if g['gate'].endswith('tok_s'))
+
+
+def test_the_crashed_run_fails_on_lost_requests():
+    summary, _, _ = load('crash')
+    assert not summary['passed']
+    lost = [lv for lv in summary['levels'] if lv['metrics']['failed'] != 0 or lv['metrics']['completed'] is None]
+    assert lost, summary['levels']
+    assert any('failed' in r or 'no result' in r for r in summary['reasons'])
+
+
+def test_a_level_that_fell_short_by_a_little_fails_its_gate():
+    summary, records, _ = load('healthy')
+    cfg = settings_of(summary)
+    top = summary['sweep'][-1]['concurrency']
+    got = records[summary['sweep'][-1]['line']]['total_throughput']
+    cfg['baseline'] = dict(cfg['baseline'], **{str(top): {'total_tok_s': got / cfg['tolerance'] * 1.01}})
+    levels = gs.evaluate(summary['sweep'], records, cfg)
+    assert not levels[-1]['passed']
+    assert [g['gate'] for g in levels[-1]['gates'] if not g['passed']] == ['total_tok_s']
+
+
+def png_size(path):
+    with open(path, 'rb') as fh:
+        head = fh.read(24)
+    assert head[:8] == b'\x89PNG\r\n\x1a\n'
+    return struct.unpack('>II', head[16:24])
+
+
+def test_the_report_folder_and_the_index(tmp_path, capsys):
+    """The module writes the report of a golden run, then of a second run; the index lists both, the second
+    overlays the first, and a rollback re-report of the same run replaces its entry."""
+    history = tmp_path / 'history'
+    runs = []
+    for case in ('healthy', 'slow'):
+        summary, _, _ = load(case)
+        run_dir = history / summary['run']
+        run_dir.mkdir(parents=True)
+        for name in ('bench.jsonl', 'gpu.jsonl'):
+            src = os.path.join(GOLDEN, case, name)
+            if os.path.exists(src):
+                (run_dir / name).write_bytes(open(src, 'rb').read())
+        args = dict(settings=dict(settings_of(summary), probes=defaults()['probes']), run_id=summary['run'],
+                    started=summary['started'], run_dir=str(run_dir), history_dir=str(history), meta=summary['meta'],
+                    probe=summary['probe'], sweep=summary['sweep'])
+        out = run_module(sglang_smoke_report, capsys, **args)
+        assert out['passed'] == summary['passed'], out.get('msg')
+        runs.append((summary, args, out))
+    summary, args, out = runs[1]
+    for name in ('summary.json', 'report.md', 'throughput.png', 'latency.png', 'gpus.png'):
+        assert name in out['files']
+    for name in ('throughput.png', 'latency.png', 'gpus.png'):
+        w, h = png_size(history / summary['run'] / name)
+        assert w >= 800 and h >= 300
+    md = (history / summary['run'] / 'report.md').read_text()
+    assert 'FAILED' in md and '| concurrency |' in md and 'Failed because:' in md
+    written = json.loads((history / summary['run'] / 'summary.json').read_text())
+    assert written['meta']['flags_sha256'] == summary['meta']['flags_sha256']
+    assert written['levels'] == summary['levels']
+    index = [json.loads(x) for x in (history / 'index.jsonl').read_text().splitlines()]
+    assert [e['run'] for e in index] == sorted(r[0]['run'] for r in runs)
+    assert '[{0}]({0}/report.md)'.format(summary['run']) in (history / 'index.md').read_text()
+    png_size(history / 'trend.png')
+    # a rollback re-report of the second run replaces its entry
+    args = copy.deepcopy(args)
+    args['rollback'] = {'restored': True, 'text': 'Rolled back to run X', 'probe': {'passed': True, 'problems': []}}
+    out = run_module(sglang_smoke_report, capsys, **args)
+    index = [json.loads(x) for x in (history / 'index.jsonl').read_text().splitlines()]
+    assert len(index) == 2 and index[-1]['rolled_back'] is True
+    assert 'Rollback: Rolled back to run X' in out['markdown']
+    assert 'Probe after rollback: passed' in out['markdown']
