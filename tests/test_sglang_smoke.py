@@ -291,6 +291,6 @@ def test_the_report_folder_and_the_index(tmp_path, capsys):
     args['rollback'] = {'restored': True, 'text': 'Rolled back to run X', 'probe': {'passed': True, 'problems': []}}
     out = run_module(sglang_smoke_report, capsys, **args)
     index = [json.loads(x) for x in (history / 'index.jsonl').read_text().splitlines()]
-    assert len(index) == 2 and index[-1]['rolled_back'] is True
+    assert len(index) == 2 and {e['run']: e['rolled_back'] for e in index}[summary['run']] is True
     assert 'Rollback: Rolled back to run X' in out['markdown']
     assert 'Probe after rollback: passed' in out['markdown']
