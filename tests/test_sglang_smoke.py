@@ -294,3 +294,12 @@ def test_the_report_folder_and_the_index(tmp_path, capsys):
     assert len(index) == 2 and {e['run']: e['rolled_back'] for e in index}[summary['run']] is True
     assert 'Rollback: Rolled back to run X' in out['markdown']
     assert 'Probe after rollback: passed' in out['markdown']
+
+
+def test_gpus_far_under_their_power_limit_are_pointed_out():
+    summary, _, _ = load('healthy')
+    note = gs.power_note(gs.by_level(summary['gpu']))
+    assert note.startswith('GPU power: at concurrency 1024 the GPUs drew 250 W of a 600 W limit (42 %)')
+    busy = {1024: {'mean_power_w': 560.0, 'power_limit_w': 600.0, 'mean_util_pct': 97.0}}
+    assert gs.power_note(busy) is None and gs.power_note({}) is None
+    assert 'GPU power:' in gs.markdown(summary)

@@ -397,6 +397,10 @@ def markdown(summary):
     if m.get('gpu_source'):
         lines.append('GPU figures: {0}'.format(m['gpu_source']))
         lines.append('')
+    note = power_note(gpu)
+    if note:
+        lines.append(note)
+        lines.append('')
     if s['reasons']:
         lines.append('Failed because:')
         lines.extend('- ' + r for r in s['reasons'])
@@ -412,6 +416,23 @@ def markdown(summary):
         lines.append(s['note'])
         lines.append('')
     return '\n'.join(lines)
+
+
+def power_note(gpu):
+    """A line when the GPUs drew well under their power limit at the busiest level (the seeds' node sat at 250 W of
+    600 W and nobody saw it): reported, not gated."""
+    levels = [lv for lv in gpu if isinstance(lv, int) and (gpu[lv] or {}).get('mean_power_w') and
+              (gpu[lv] or {}).get('power_limit_w')]
+    if not levels:
+        return None
+    g = gpu[max(levels)]
+    share = g['mean_power_w'] / g['power_limit_w']
+    if share >= 0.6:
+        return None
+    return ('GPU power: at concurrency {0} the GPUs drew {1:.0f} W of a {2:.0f} W limit ({3:.0f} %) at {4} % '
+            'utilisation: check the power limit and clocks (nvidia-smi -q -d POWER,CLOCK).').format(
+                max(levels), g['mean_power_w'], g['power_limit_w'], 100 * share,
+                _fmt(g.get('mean_util_pct'), 0))
 
 
 # ---------------------------------------------------------------- index
