@@ -63,7 +63,7 @@ passed:
   returned: always
   type: bool
 problems:
-  description: One line per problem, naming the probe.
+  description: One line per probe that failed, naming it and what was wrong (separated by " / ").
   returned: always
   type: list
 results:
@@ -119,7 +119,8 @@ def run(p):
         results.append({'prompt': probe['prompt'], 'expect': probe['expect'], 'status': status,
                         'answer': answer[:400], 'problems': found, 'passed': not found,
                         'seconds': round(time.monotonic() - t0, 2)})
-        problems.extend('{0!r}: {1}'.format(probe['prompt'][:60], x) for x in found)
+        if found:
+            problems.append('{0!r}: {1}'.format(probe['prompt'][:60], ' / '.join(found)))
     return {'passed': not problems, 'problems': problems, 'results': results}
 
 
