@@ -109,3 +109,28 @@ def test_iommu_mode():
                                                     'cmdline_flags': ['intel_iommu=on'], 'groups': 80}
     assert nf.iommu('quiet', 0)['mode'] == 'off or not supported'
     assert nf.iommu('intel_iommu=off', 0)['mode'] == 'off'
+
+
+SAMPLED = os.path.join(FIX, 'h200-1gpu-sampled')
+
+
+def test_the_sample_query_on_the_recorded_h200_idle_and_busy():
+    """As recorded on the lent H200 (its header says clocks.current.sm, and temperature.gpu has no unit)."""
+    idle = nf.parse_sample_csv(text(SAMPLED, 'sample-query-idle.csv'))
+    busy = nf.parse_sample_csv(text(SAMPLED, 'sample-query-busy.csv'))
+    assert idle == [{'index': 0, 'utilization_gpu_pct': 0, 'power_draw_w': 77.8, 'power_limit_w': 700.0,
+                     'memory_used_mib': 0, 'memory_total_mib': 143771, 'clocks_sm_mhz': 345, 'temperature_c': 38}]
+    assert (busy[0]['utilization_gpu_pct'], busy[0]['power_draw_w'], busy[0]['clocks_sm_mhz']) == (98, 689.66, 1485)
+
+
+def test_the_constructed_sample_is_eight_gpus_at_the_seeds_250_w():
+    gpus = nf.parse_sample_csv(text(RTX, 'sample-query.csv'))
+    assert [g['index'] for g in gpus] == list(range(8))
+    assert all(247 < g['power_draw_w'] < 254 and g['power_limit_w'] == 600.0 for g in gpus)
+
+
+def test_a_sample_with_other_columns_is_refused():
+    with pytest.raises(nf.NvidiaParseError, match='sample fields'):
+        nf.parse_sample_csv(text(H200, 'query-gpu.csv'))
+    with pytest.raises(nf.NvidiaParseError, match='fields'):
+        nf.parse_sample_csv(text(SAMPLED, 'sample-query-idle.csv') + '1, 0 %\n')

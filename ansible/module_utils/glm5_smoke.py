@@ -490,6 +490,21 @@ def _pyplot():
     return plt
 
 
+def _previous_and_axes(ax, previous, key, label):
+    """The previous run's figure overlaid (from its index entry), and the axes of a by-concurrency plot."""
+    if previous:
+        pl = sorted((int(c), v.get(key)) for c, v in previous['levels'].items() if v.get(key) is not None)
+        if pl:
+            ax.plot([c for c, _ in pl], [v for _, v in pl], '^-', color='tab:green', alpha=.6,
+                    label='previous run {0}'.format(previous['run']))
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('concurrent requests')
+    ax.set_ylabel(label)
+    ax.set_title(label + ' by concurrency')
+    ax.grid(True, which='both', alpha=.3)
+    ax.legend(fontsize=8)
+
+
 def plot_throughput(summary, previous, path):
     plt = _pyplot()
     base = by_level(summary.get('baseline'))
@@ -507,17 +522,7 @@ def plot_throughput(summary, previous, path):
             ax.plot([c for c, _ in bl], [v for _, v in bl], 's--', color='tab:gray', label='baseline (seeds)')
             ax.plot([c for c, _ in bl], [v * tol for _, v in bl], ':', color='tab:orange',
                     label='gate (baseline x {0:g})'.format(tol))
-        if previous:
-            pl = sorted((int(c), v.get(key)) for c, v in previous['levels'].items() if v.get(key) is not None)
-            if pl:
-                ax.plot([c for c, _ in pl], [v for _, v in pl], '^-', color='tab:green', alpha=.6,
-                        label='previous run {0}'.format(previous['run']))
-        ax.set_xscale('log', base=2)
-        ax.set_xlabel('concurrent requests')
-        ax.set_ylabel(label)
-        ax.set_title(label + ' by concurrency')
-        ax.grid(True, which='both', alpha=.3)
-        ax.legend(fontsize=8)
+        _previous_and_axes(ax, previous, key, label)
     fig.suptitle('{0} {1}'.format(summary['run'], 'PASSED' if summary['passed'] else 'FAILED'))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -535,18 +540,8 @@ def plot_latency(summary, previous, path):
         ll = sorted((c, b[key]) for c, b in limits.items() if isinstance(c, int) and (b or {}).get(key))
         if ll:
             ax.plot([c for c, _ in ll], [v for _, v in ll], 'v:', color='tab:red', label='limit')
-        if previous:
-            pl = sorted((int(c), v.get(key)) for c, v in previous['levels'].items() if v.get(key) is not None)
-            if pl:
-                ax.plot([c for c, _ in pl], [v for _, v in pl], '^-', color='tab:green', alpha=.6,
-                        label='previous run {0}'.format(previous['run']))
-        ax.set_xscale('log', base=2)
         ax.set_yscale('log')
-        ax.set_xlabel('concurrent requests')
-        ax.set_ylabel(label)
-        ax.set_title(label + ' by concurrency')
-        ax.grid(True, which='both', alpha=.3)
-        ax.legend(fontsize=8)
+        _previous_and_axes(ax, previous, key, label)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -47,20 +47,28 @@ def _enabled(text):
     return None
 
 
-def parse_query_csv(text):
-    """`nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv` (header with units) -> one dict per GPU."""
+def _query_rows(text, fields=None):
+    """`nvidia-smi --query-gpu=... --format=csv` -> one {column: text} per GPU. Columns are named by the header
+    (units dropped), or by position from `fields` (the header may name a field otherwise: clocks.sm comes back as
+    clocks.current.sm)."""
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
-    if not rows or not rows[0] or rows[0][0].strip() != 'index':
-        raise NvidiaParseError('not nvidia-smi --query-gpu CSV with a header: {0!r}'.format(text[:200]))
-    header = [re.sub(r'\s*\[.*\]$', '', h.strip()) for h in rows[0]]
-    gpus = []
+    if not rows or not rows[0] or rows[0][0].strip() != 'index' or (fields and len(rows[0]) != len(fields)):
+        raise NvidiaParseError('not nvidia-smi --query-gpu CSV {0}: {1!r}'.format(
+            'of the sample fields' if fields else 'with a header', text[:200]))
+    names = fields or [re.sub(r'\s*\[.*\]$', '', h.strip()) for h in rows[0]]
     for row in rows[1:]:
         if not row:
             continue
-        if len(row) != len(header):
+        if len(row) != len(names):
             raise NvidiaParseError('nvidia-smi --query-gpu row has {0} fields, the header {1}: {2!r}'.format(
-                len(row), len(header), row))
-        v = dict(zip(header, (c.strip() for c in row), strict=True))
+                len(row), len(names), row))
+        yield dict(zip(names, (c.strip() for c in row), strict=True))
+
+
+def parse_query_csv(text):
+    """`nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv` (header with units) -> one dict per GPU."""
+    gpus = []
+    for v in _query_rows(text):
         gpus.append({
             'index': int(v['index']),
             'name': v.get('name'),
@@ -81,17 +89,8 @@ def parse_query_csv(text):
 
 def parse_sample_csv(text):
     """`nvidia-smi --query-gpu=<SAMPLE_FIELDS> --format=csv` -> one dict per GPU (the load figures only)."""
-    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
-    if not rows or not rows[0] or rows[0][0].strip() != 'index' or len(rows[0]) != len(SAMPLE_FIELDS):
-        raise NvidiaParseError('not nvidia-smi --query-gpu CSV of the sample fields: {0!r}'.format(text[:200]))
     gpus = []
-    for row in rows[1:]:
-        if not row:
-            continue
-        if len(row) != len(SAMPLE_FIELDS):
-            raise NvidiaParseError('nvidia-smi --query-gpu row has {0} fields, expected {1}: {2!r}'.format(
-                len(row), len(SAMPLE_FIELDS), row))
-        v = dict(zip(SAMPLE_FIELDS, (c.strip() for c in row), strict=True))
+    for v in _query_rows(text, SAMPLE_FIELDS):
         gpus.append({
             'index': int(v['index']),
             'utilization_gpu_pct': _number(v['utilization.gpu']),
