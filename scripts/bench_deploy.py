@@ -52,6 +52,12 @@ def du(path):
     return total
 
 
+def lab_template_dir():
+    sys.path.insert(0, os.path.join(ROOT, 'scripts', 'lab'))
+    from labd import lab_paths_from_inventory
+    return lab_paths_from_inventory()['lab_template_dir']
+
+
 def wheel_cache():
     import yaml
     with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
@@ -83,7 +89,7 @@ def main():
         names = ','.join(re.findall(r'--(\S+)$', nodes, re.M))
         c.run(VENV + '/python scripts/lab/labd.py purge', hide=True, warn=True)
         if args.cold:
-            shutil.rmtree('/var/cache/glm5-lab/templates', ignore_errors=True)
+            shutil.rmtree(lab_template_dir(), ignore_errors=True)
         if args.cold_wheels and os.path.isdir(wheel_cache()):
             aside = wheel_cache() + '.set-aside-by-bench'
             os.rename(wheel_cache(), aside)

@@ -240,3 +240,19 @@ def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
         lab.purge()
     assert labd.LabLxc(lab.p).vmids() == [], 'a container of the second lab remains'
     assert not os.path.exists(lab.p['confdir'])
+
+
+def test_the_lab_paths_are_the_lab_inventorys(tmp_path):
+    import yaml
+    with open(labd.LAB_VARS_FILE) as fh:
+        inventory = yaml.safe_load(fh)
+    assert labd.lab_paths_from_inventory() == {'lab_state_dir': inventory['lab_state_dir'],
+                                                'lab_template_dir': inventory['lab_template_dir']}
+    if 'GLM5_LAB_STATE' not in os.environ:
+        assert labd.STATE == inventory['lab_state_dir']
+    if 'GLM5_LAB_TEMPLATES' not in os.environ:
+        assert labd.TEMPLATES == inventory['lab_template_dir']
+    bad = tmp_path / 'all.yml'
+    bad.write_text('lab_state_dir: "{{ playbook_dir }}/lab"\nlab_template_dir: /var/cache/x\n')
+    with pytest.raises(SystemExit, match='lab_state_dir must be a plain absolute path'):
+        labd.lab_paths_from_inventory(str(bad))

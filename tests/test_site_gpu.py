@@ -4,12 +4,13 @@ Its own lab container (vmid 198); the lab host's stand-in driver is put back to 
 import glob
 import os
 
+import labd
 import pytest
 from siterun import site
 
 VMID = 198
 NODE = {'pve_container_vmid': VMID, 'ansible_port': 20000 + VMID}
-LIBS = '/var/lib/glm5-lab/lxc/pve-{0}/rootfs/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*'.format(VMID)
+LIBS = os.path.join(labd.STATE, 'lxc', 'pve-{0}'.format(VMID), 'rootfs/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*')
 UPGRADE = '580.105.08'
 
 

@@ -14,12 +14,14 @@ and before it answers, the front writes the API state to <state>/pve/lxc/<vmid>.
 so whatever a client has seen finish survives a kill; a restart puts those containers back.
 
 Environment (a second instance, e.g. a test's, sets all three):
-    GLM5_LAB_STATE      state directory (default /var/lib/glm5-lab)
+    GLM5_LAB_STATE      state directory (default: lab_state_dir in inventories/lab/group_vars/all.yml)
     GLM5_LAB_PORT       the API port on 127.0.0.1 (default 8006)
     GLM5_LAB_POLL       seconds between reconcile passes (default 0.5)
     GLM5_LAB_FILES_PORT the lab's download site on 127.0.0.1 (default 8480; 0: none): <state>/www read-only,
                         plain HTTP, where the lab puts what real hosts download (NVIDIA's apt repository)
-    GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default /var/cache/glm5-lab/templates)
+    GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default: lab_template_dir in the same file)
+
+The lab's paths are set once, in the lab inventory (inventories/lab/group_vars/all.yml); labd reads them from there.
 
 Lab only: nothing here runs against a real PVE host. fakepve is used through its public Python API
 (FakePve, cts, ct, add_ct, store_file, FakeCt.config/pending/start_error); none of its code is copied.
@@ -48,8 +50,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
                                 'ansible', 'module_utils'))
 from pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # noqa: E402
 
-STATE = os.environ.get('GLM5_LAB_STATE', '/var/lib/glm5-lab')
-TEMPLATES = os.environ.get('GLM5_LAB_TEMPLATES', '/var/cache/glm5-lab/templates')
+LAB_VARS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             'inventories', 'lab', 'group_vars', 'all.yml')
+
+
+def lab_paths_from_inventory(path=LAB_VARS_FILE):
+    """lab_state_dir and lab_template_dir as the lab inventory sets them (plain absolute paths, no templating)."""
+    import yaml
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    out = {}
+    for key in ('lab_state_dir', 'lab_template_dir'):
+        value = data.get(key)
+        if not isinstance(value, str) or not os.path.isabs(value) or '{' in value:
+            raise SystemExit('{0}: {1} must be a plain absolute path (labd reads it without Ansible), got {2!r}'.format(
+                path, key, value))
+        out[key] = value
+    return out
+
+
+_LAB_PATHS = lab_paths_from_inventory()
+STATE = os.environ.get('GLM5_LAB_STATE') or _LAB_PATHS['lab_state_dir']
+TEMPLATES = os.environ.get('GLM5_LAB_TEMPLATES') or _LAB_PATHS['lab_template_dir']
 HOST, NODE = '127.0.0.1', 'pve1'
 PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
 SSH_PORT_BASE = 20000          # a lab container's sshd listens on 127.0.0.1:(20000 + vmid)
