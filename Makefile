@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
 .PHONY: deploy test venv lab-up lab-down lab-purge lint pytest molecule bench-deploy clean
 
-deploy: venv lab-up  ## venv + lab + site.yml
+deploy: venv lab-up  ## venv (with .venv/bin/glm5) + lab + site.yml
 	$(ANSIBLE_PLAYBOOK) site.yml
 
 test: venv lint lab-up pytest molecule  ## lint + pytest + Molecule
@@ -19,7 +19,13 @@ $(VENV)/.installed: requirements.txt requirements-lab.txt
 	$(PY) -m pip install --quiet -r requirements-lab.txt
 	touch $@
 
-venv: $(VENV)/.installed
+# The day-2 ops command (scripts/glm5.py) on the venv's PATH: .venv/bin/glm5
+$(VENV)/bin/glm5: $(VENV)/.installed
+	printf '#!/bin/sh\n# glm5, the day-2 ops command: scripts/glm5.py (installed by make)\nexec "%s" "%s" "$$@"\n' \
+		"$(abspath $(PY))" "$(abspath scripts/glm5.py)" > $@
+	chmod 0755 $@
+
+venv: $(VENV)/.installed $(VENV)/bin/glm5
 
 lab-up: venv  ## start the lab (idempotent)
 	$(ANSIBLE_PLAYBOOK) ansible/playbooks/lab_up.yml

@@ -482,6 +482,90 @@ def previous_entry(entries, run_id, node=None):
     return earlier[-1] if earlier else None
 
 
+# ---------------------------------------------------------------- two runs side by side (glm5 compare)
+COMPARE_METRICS = (('total_tok_s', 'total tok/s', 1), ('output_tok_s', 'output tok/s', 1),
+                   ('p99_ttft_ms', 'p99 TTFT ms', -1), ('p99_tpot_ms', 'p99 TPOT ms', -1))
+COMPARE_META = ('node', 'sglang', 'profile', 'flags_sha256', 'lock_sha256', 'driver', 'model_revision')
+
+
+def compare(a, b):
+    """Two runs' summaries -> {runs, meta: [{key, a, b, same}], levels: [{concurrency, <metric>: {a, b, change_pct,
+    better}}]}: what differs between them, and each level both (or either) ran, b against a (a is the older)."""
+    ma, mb = a.get('meta') or {}, b.get('meta') or {}
+    meta = [{'key': k, 'a': ma.get(k), 'b': mb.get(k), 'same': ma.get(k) == mb.get(k)} for k in COMPARE_META]
+    la = {lv['concurrency']: lv for lv in a.get('levels') or []}
+    lb = {lv['concurrency']: lv for lv in b.get('levels') or []}
+    levels = []
+    for c in sorted(set(la) | set(lb)):
+        row = {'concurrency': c}
+        for key, _label, sign in COMPARE_METRICS:
+            va = (la.get(c) or {}).get('metrics', {}).get(key)
+            vb = (lb.get(c) or {}).get('metrics', {}).get(key)
+            change = (100.0 * (vb - va) / va) if _is_number(va) and _is_number(vb) and va else None
+            row[key] = {'a': va, 'b': vb, 'change_pct': change,
+                        'better': None if change is None else (change * sign > 0)}
+        row['passed'] = {'a': (la.get(c) or {}).get('passed'), 'b': (lb.get(c) or {}).get('passed')}
+        levels.append(row)
+    return {'runs': [{'run': x['run'], 'started': x.get('started'), 'passed': x.get('passed'),
+                      'reasons': x.get('reasons') or []} for x in (a, b)],
+            'meta': meta, 'levels': levels}
+
+
+def compare_markdown(cmp):
+    a, b = cmp['runs']
+    lines = ['# {0} ({1}) vs {2} ({3})'.format(a['run'], 'pass' if a['passed'] else 'FAIL',
+                                                b['run'], 'pass' if b['passed'] else 'FAIL'), '']
+    differ = [m for m in cmp['meta'] if not m['same']]
+    if differ:
+        for m in differ:
+            short = 12 if m['key'].endswith('sha256') else None
+            lines.append('{0}: {1} -> {2}'.format(m['key'], str(m['a'])[:short], str(m['b'])[:short]))
+    else:
+        lines.append('Same sglang, profile, flags, lock, driver and model.')
+    lines.append('')
+    lines.append('A is the older run, B the newer; each cell: A -> B (change)')
+    lines.append('')
+    lines.append('| concurrency | ' + ' | '.join(label for _k, label, _s in COMPARE_METRICS) + ' | gates A / B |')
+    lines.append('|---:|' + '---:|' * len(COMPARE_METRICS) + ':---|')
+    for row in cmp['levels']:
+        cells = [str(row['concurrency'])]
+        for key, _label, _sign in COMPARE_METRICS:
+            r = row[key]
+            change = '' if r['change_pct'] is None else ' ({0:+.1f} %{1})'.format(
+                r['change_pct'], '' if r['better'] or abs(r['change_pct']) < 5 else ', worse')
+            cells.append('{0} -> {1}{2}'.format(_fmt(r['a']).replace('n/a', '-'), _fmt(r['b']).replace('n/a', '-'),
+                                                 change))
+        cells.append(' / '.join({True: 'pass', False: 'FAIL', None: '-'}[row['passed'][w]] for w in ('a', 'b')))
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def plot_compare(a, b, path):
+    """Throughput and p99 latencies by concurrency, the two runs overlaid (A older, B newer)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for ax, (key, label, _sign) in zip(axes.flat, COMPARE_METRICS, strict=True):
+        for run, style, color in ((a, 's--', 'tab:gray'), (b, 'o-', 'tab:blue')):
+            lv = [x for x in run.get('levels') or [] if x['metrics'].get(key) is not None]
+            ax.plot([x['concurrency'] for x in lv], [x['metrics'][key] for x in lv], style, color=color, lw=2,
+                    label='{0} {1} ({2})'.format('A' if run is a else 'B', run['run'], 'pass' if run.get('passed') else 'FAIL'))
+            for x in lv:
+                if not x['passed']:
+                    ax.plot(x['concurrency'], x['metrics'][key], 'x', color='tab:red', ms=12, mew=3)
+        ax.set_xscale('log', base=2)
+        if key.endswith('_ms'):
+            ax.set_yscale('log')
+        ax.set_xlabel('concurrent requests')
+        ax.set_ylabel(label)
+        ax.set_title(label)
+        ax.grid(True, which='both', alpha=.3)
+        ax.legend(fontsize=7)
+    fig.suptitle('{0} vs {1}'.format(a['run'], b['run']))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------- plots (controller only)
 def _pyplot():
     import matplotlib

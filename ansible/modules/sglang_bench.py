@@ -13,6 +13,8 @@ description:
   - While it runs, samples every GPU with C(nvidia-smi --query-gpu) (utilisation, power draw and limit, memory, SM
     clock, temperature) every C(sample_interval) seconds and appends the samples to C(samples_file) (JSONL, one line
     per sample with the level). No nvidia-smi -> no samples, said in C(gpu_note).
+  - bench_serving's output, its progress bar included (at most one update a second), goes to C(log_file) as it runs:
+    C(glm5 bench) follows the level's progress there.
   - Raises the open-files limit for bench_serving (one file per connection; it asks for 65535 itself but cannot go
     past a low hard limit, and then requests beyond it fail).
   - Never fails because the server did badly: a level that produced no result line (bench_serving crashed, the
@@ -110,11 +112,16 @@ def sample(smi, level, fh):
     return True
 
 
+# a tqdm progress line: ' 40%|####      | 103/256 [00:02<00:03, 41.2it/s]'
+PROGRESS = re.compile(r'\d+%\|.*\|\s*\d+/\d+')
+
+
 def last_error(path):
     """The log's last exception line (a traceback's last word), else its last line; at most 300 characters."""
     with open(path, errors='replace') as fh:
         lines = [x.strip() for x in fh if x.strip()]
     found = [x for x in lines if re.match(r'^[\w.]*(Error|Exception|Interrupt)\b', x)]
+    lines = [x for x in lines if not PROGRESS.search(x)] or lines
     text = (found or lines or ['(empty log)'])[-1]
     return text if len(text) <= 300 else text[:297] + '...'
 
@@ -137,7 +144,7 @@ def command(p):
             '--random-input-len', str(p['input_len']), '--random-output-len', str(p['output_len']),
             '--random-range-ratio', repr(float(p['range_ratio'])), '--num-prompts', str(p['prompts']),
             '--max-concurrency', str(p['concurrency']), '--request-rate', 'inf', '--seed', str(p['seed']),
-            '--output-file', p['output_file'], '--disable-tqdm'] + list(p['extra_args'])
+            '--output-file', p['output_file']] + list(p['extra_args'])
 
 
 def run(module):
@@ -154,7 +161,9 @@ def run(module):
         module.warn('the open-files limit is {0}: {1} concurrent requests need more; some will fail'.format(
             nofile, p['concurrency']))
     before = count_lines(p['output_file'])
-    env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1')
+    # bench_serving's progress bar (tqdm) goes to the log at most once a second: glm5 bench follows it there
+    env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1',
+               TQDM_MININTERVAL='1')
     samples, code = 0, None
     t0 = time.monotonic()
     with open(p['log_file'], 'w') as log, open(p['samples_file'], 'a') as sfh:
