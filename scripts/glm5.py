@@ -755,9 +755,11 @@ def cmd_bench(args, inv):
                 progress.poll()
                 time.sleep(1)
         except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait()
             raise OpsError('{0}: interrupted; the run folder {1} holds what ran'.format(name, progress.run)) from None
+        finally:
+            if proc.poll() is None:     # interrupted, or the progress display failed: the playbook goes too
+                proc.terminate()
+                proc.wait()
         progress.poll(finished=True)
         log.seek(0)
         output = log.read()
@@ -947,7 +949,7 @@ def parser():
     g.add_argument('--count', type=int, default=0, help='with --watch: stop after this many tables')
     lg = sub.add_parser('logs', parents=[common], help="the unit's journal")
     lg.add_argument('-f', '--follow', action='store_true', help='keep following (Ctrl-C ends)')
-    lg.add_argument('--since', help='journalctl --since (e.g. "-1h", "2026-11-30 12:00", today)')
+    lg.add_argument('--since', help='journalctl --since: "1 hour ago", "2026-11-30 12:00", today, or --since=-1h')
     lg.add_argument('--lines', type=int, default=100, help='how many lines back (default %(default)s)')
     b = sub.add_parser('bench', parents=[common], help="the smoke test's sweep on demand")
     b.add_argument('--levels', type=_levels, help='concurrency levels, e.g. 1,64,256 (default: the inventory\'s)')

@@ -303,3 +303,32 @@ def test_gpus_far_under_their_power_limit_are_pointed_out():
     busy = {1024: {'mean_power_w': 560.0, 'power_limit_w': 600.0, 'mean_util_pct': 97.0}}
     assert gs.power_note(busy) is None and gs.power_note({}) is None
     assert 'GPU power:' in gs.markdown(summary)
+
+
+def test_two_golden_runs_side_by_side(tmp_path):
+    """glm5 compare's table and plot: the slow run against the healthy one."""
+    healthy, slow = load('healthy')[0], load('slow')[0]
+    cmp = gs.compare(healthy, slow)
+    assert [r['run'] for r in cmp['runs']] == [healthy['run'], slow['run']]
+    assert [row['concurrency'] for row in cmp['levels']] == [1, 64, 256, 512, 1024]
+    one = cmp['levels'][1]['total_tok_s']
+    assert (one['a'], one['b']) == (healthy['levels'][1]['metrics']['total_tok_s'],
+                                    slow['levels'][1]['metrics']['total_tok_s'])
+    assert one['change_pct'] == pytest.approx(100 * (one['b'] - one['a']) / one['a']) and one['change_pct'] < -40
+    assert one['better'] is False
+    tpot = cmp['levels'][0]['p99_tpot_ms']
+    assert tpot['change_pct'] > 0 and tpot['better'] is False          # slower tokens: a higher latency is worse
+    assert cmp['levels'][2]['total_tok_s'] == {'a': healthy['levels'][2]['metrics']['total_tok_s'], 'b': None,
+                                               'change_pct': None, 'better': None}
+    assert cmp['levels'][1]['passed'] == {'a': True, 'b': False}
+    same = {m['key']: m['same'] for m in cmp['meta']}
+    assert same['sglang'] and same['profile'] and same['flags_sha256'], cmp['meta']   # the slow one: an env fault
+    text = gs.compare_markdown(cmp)
+    assert text.startswith('# {0} (pass) vs {1} (FAIL)'.format(healthy['run'], slow['run']))
+    assert '| 64 | 705.2 -> 354.0 (-49.8 %, worse) |' in text, text
+    assert '| 256 | 1,856.3 -> - |' in text and '| pass / FAIL |' in text
+    changed = dict(slow, meta=dict(slow['meta'], sglang='0.5.13', flags_sha256='f' * 64))
+    text = gs.compare_markdown(gs.compare(healthy, changed))
+    assert 'sglang: 0.5.12.post1 -> 0.5.13' in text and 'flags_sha256: 14925827183e -> ffffffffffff' in text
+    gs.plot_compare(healthy, slow, str(tmp_path / 'cmp.png'))
+    assert png_size(str(tmp_path / 'cmp.png')) == (1200, 800)

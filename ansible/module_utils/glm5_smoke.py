@@ -545,13 +545,21 @@ def plot_compare(a, b, path):
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for ax, (key, label, _sign) in zip(axes.flat, COMPARE_METRICS, strict=True):
-        for run, style, color in ((a, 's--', 'tab:gray'), (b, 'o-', 'tab:blue')):
+        # A as large open squares under B's dots: where the runs agree both stay visible
+        for run, style, color, extra in ((a, 's--', 'tab:gray', {'ms': 11, 'mfc': 'none', 'mew': 2}),
+                                         (b, 'o-', 'tab:blue', {'ms': 6})):
             lv = [x for x in run.get('levels') or [] if x['metrics'].get(key) is not None]
             ax.plot([x['concurrency'] for x in lv], [x['metrics'][key] for x in lv], style, color=color, lw=2,
-                    label='{0} {1} ({2})'.format('A' if run is a else 'B', run['run'], 'pass' if run.get('passed') else 'FAIL'))
+                    label='{0} {1} ({2})'.format('A' if run is a else 'B', run['run'], 'pass' if run.get('passed') else 'FAIL'),
+                    **extra)
             for x in lv:
                 if not x['passed']:
                     ax.plot(x['concurrency'], x['metrics'][key], 'x', color='tab:red', ms=12, mew=3)
+        for row in compare(a, b)['levels']:
+            r = row[key]
+            if r['change_pct'] is not None:
+                ax.annotate('{0:+.1f} %'.format(r['change_pct']), (row['concurrency'], r['b']), textcoords='offset points',
+                            xytext=(6, -12), fontsize=8, color='tab:gray' if abs(r['change_pct']) < 5 else 'tab:green' if r['better'] else 'tab:red')
         ax.set_xscale('log', base=2)
         if key.endswith('_ms'):
             ax.set_yscale('log')

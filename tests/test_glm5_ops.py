@@ -1,0 +1,285 @@
+"""glm5, the day-2 ops command (scripts/glm5.py, installed by make as .venv/bin/glm5), against the lab: a real SSH
+connection through Fabric into a lab container that site.yml deployed (the emulator serving), the lab's PVE API and
+the bench history on the lab host. Its own container (vmid 199) in an inventory of its own (the lab's group_vars), so
+every call also goes through -i. The container is destroyed at the end; its runs stay in the bench history."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import labd
+import pytest
+import yaml
+from sglang_smoke import env_file_value
+from siterun import ROOT, site
+
+VMID = 199
+NAME = 'glm5-ops-test'
+GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
+with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as _fh:
+    HISTORY = yaml.safe_load(_fh)['pve_container_bench_history_dir']
+HOSTS = """---
+all:
+  children:
+    pve_hosts:
+      hosts:
+        pve-lab:
+          ansible_connection: local
+          ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
+    inference_nodes:
+      hosts:
+        {name}:
+          pve_container_vmid: {vmid}
+          ansible_host: 127.0.0.1
+          ansible_port: {port}
+          # the smoke test after the deploy and glm5 bench's default: one level, few prompts (2 per concurrent request)
+          sglang_smoke_levels: [1]
+          sglang_smoke_prompts_per_concurrency: 2
+          sglang_smoke_min_prompts: 2
+"""
+
+
+def write_inventory(path, name=NAME, port=20000 + VMID, extra=''):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, 'hosts.yml'), 'w') as fh:
+        fh.write(HOSTS.format(name=name, vmid=VMID, port=port) + extra)
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), os.path.join(path, 'group_vars'))
+    return str(path)
+
+
+def glm5(*args, inventory=None, timeout=900):
+    cmd = [GLM5] + (['-i', inventory] if inventory else []) + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    p.out = p.stdout
+    return p
+
+
+def ssh(*cmd):
+    """Plain OpenSSH into the node (not the command under test)."""
+    state = labd.STATE
+    return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
+                           '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', 'known_hosts'),
+                           '-p', str(20000 + VMID), 'root@127.0.0.1'] + list(cmd),
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(p, code, *words):
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert 'Traceback' not in p.stderr + p.stdout, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('glm5: '), p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope='module')
+def inventory(lab_api, tmp_path_factory):
+    assert os.access(GLM5, os.X_OK), 'make venv installs {0}'.format(GLM5)
+    inv = write_inventory(tmp_path_factory.mktemp('ops') / 'inventory')
+    run = site(None, inventory=inv, sglang=True)
+    assert run.rc == 0, run
+    yield inv
+    site({'pve_container_state': 'absent'}, inventory=inv)
+
+
+@pytest.fixture(scope='module')
+def deployed_run(inventory):
+    """The smoke test the deploy ran, as the history has it."""
+    p = glm5('history', '--json', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    runs = json.loads(p.out)['runs']
+    assert runs and runs[-1]['node'] == NAME and runs[-1]['passed'], runs
+    return runs[-1]
+
+
+def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
+    p = glm5('status', '--json', inventory=inventory)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    doc = json.loads(p.out)
+    assert doc['healthy'] is True and len(doc['nodes']) == 1
+    st = doc['nodes'][0]
+    assert st['node'] == NAME and st['problems'] == []
+    assert st['container']['status'] == 'running' and st['container']['vmid'] == VMID
+    assert st['container']['node'] == 'pve1' and st['container']['uptime_s'] >= 0
+    assert st['unit']['name'] == 'glm5-sglang' and (st['unit']['active'], st['unit']['sub']) == ('active', 'running')
+    assert st['unit']['uptime_s'] >= 0 and st['unit']['since'].endswith('UTC')
+    assert st['health']['ok'] and st['health']['status'] == 200
+    assert st['health']['url'] == 'http://127.0.0.1:{0}/health_generate'.format(30000 + VMID)
+    # what the deploy's smoke test recorded is what runs: version, profile, flag set
+    summary = json.loads(open(os.path.join(HISTORY, deployed_run['run'], 'summary.json')).read())
+    meta = summary['meta']
+    assert st['sglang']['version'] == meta['sglang'] == '0.5.12.post1'
+    assert st['sglang']['profile'] == meta['profile'] == 'seed-validated'
+    assert st['sglang']['flags_sha256'] == meta['flags_sha256'] == deployed_run['flags_sha256']
+    manifest = json.loads(ssh('cat', '/opt/glm5/sglang/glm5-manifest.json').stdout)
+    assert st['sglang']['patches'] == [{'name': x['name'], 'applied': x['applied'],
+                                        'validated_on_hardware': x['validated_on_hardware']}
+                                       for x in manifest['patches']] != []
+    assert st['drivers']['host_kernel_module'] == {'version': '580.95.05', 'open': True}
+    assert st['drivers']['container_userspace'] == {'version': '580.95.05', 'cuda': '13.0'}
+    assert [g['index'] for g in st['gpus']] == list(range(8))
+    for g in st['gpus']:
+        assert g['name'] == 'NVIDIA RTX PRO 6000 Blackwell Workstation Edition' and g['power_limit_w'] == 600.0
+        for key in ('utilization_gpu_pct', 'power_draw_w', 'memory_used_mib', 'memory_total_mib', 'temperature_c',
+                    'clocks_sm_mhz'):
+            assert isinstance(g[key], (int, float)), (key, g)
+    last = st['last_smoke']
+    assert last['run'] == deployed_run['run'] and last['passed'] is True
+    assert last['headline_concurrency'] == 1 and last['headline_total_tok_s'] > 0
+
+    p = glm5('status', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    assert p.out.startswith(NAME + ': HEALTHY\n'), p.out
+    for text in ('container   CT 199 on pve1: running, up ', 'unit        glm5-sglang active (running) since ',
+                 'health      /health_generate 200 in ', 'sglang      0.5.12.post1, profile seed-validated, flags ' +
+                 meta['flags_sha256'][:12], 'patches     ' + manifest['patches'][0]['name'],
+                 'driver      host kernel module 580.95.05 (open) | container userspace 580.95.05 (CUDA 13.0)',
+                 'last smoke  {0} PASSED'.format(deployed_run['run']), 'power W / limit'):
+        assert text in p.out, (text, p.out)
+    assert 'PROBLEM' not in p.out
+
+
+def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_back(inventory, deployed_run):
+    assert ssh('systemctl', 'stop', 'glm5-sglang').returncode == 0
+    try:
+        p = glm5('status', inventory=inventory)
+        assert p.returncode == 1, p.out
+        assert p.out.startswith(NAME + ': UNHEALTHY\n'), p.out
+        assert '  PROBLEM: unit glm5-sglang is inactive (dead)' in p.out, p.out
+        assert '  PROBLEM: http://127.0.0.1:{0}/health_generate answered URLError'.format(30000 + VMID) in p.out
+        doc = json.loads(glm5('status', '--json', inventory=inventory).out)
+        assert doc['healthy'] is False and doc['nodes'][0]['unit']['active'] == 'inactive'
+    finally:
+        p = glm5('restart', inventory=inventory)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert 'stopping glm5-sglang (running requests drain first' in p.out
+    assert 'glm5-sglang ready after ' in p.out and '/health_generate 200' in p.out, p.out
+    assert ssh('systemctl', 'is-active', 'glm5-sglang').stdout.strip() == 'active'
+    p = glm5('status', inventory=inventory)
+    assert p.returncode == 0 and 'HEALTHY' in p.out, p.out
+    # restart of a running unit: it drains and stops, then comes back (a new main process)
+    before = ssh('systemctl', 'show', '-p', 'MainPID', '--value', 'glm5-sglang').stdout.strip()
+    p = glm5('restart', '--json', inventory=inventory)
+    doc = json.loads(p.out)
+    assert p.returncode == 0 and doc['ready'] is True and doc['unit']['active'] == 'active', p.out
+    assert ssh('systemctl', 'show', '-p', 'MainPID', '--value', 'glm5-sglang').stdout.strip() != before
+
+
+def test_gpus_and_watch(inventory):
+    p = glm5('gpus', '--json', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.out)['nodes'][0]
+    assert doc['node'] == NAME and doc['driver'] == '580.95.05' and len(doc['gpus']) == 8
+    p = glm5('gpus', '--watch', '--count', '2', '--interval', '0.2', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    assert p.out.count('{0}  '.format(NAME)) == 2 and p.out.count('power W / limit') == 2, p.out
+
+
+def test_logs(inventory):
+    p = glm5('logs', '--lines', '200', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    assert 'sglang-emulator: serving glm-5 on http://127.0.0.1:{0}'.format(30000 + VMID) in p.out, p.out
+    p = glm5('logs', '--since=-1h', '--json', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(x) for x in p.out.splitlines()]
+    # the service's own lines, and systemd's about it (UNIT=)
+    assert lines and all('glm5-sglang.service' in (x.get('_SYSTEMD_UNIT'), x.get('UNIT')) for x in lines), lines
+    assert any('sglang-emulator: serving glm-5' in x['MESSAGE'] for x in lines), lines
+    one_line_error(glm5('logs', '--since', 'not-a-time', inventory=inventory), 1,
+                   NAME, 'journalctl: Failed to parse timestamp')
+
+
+def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(inventory, deployed_run, tmp_path):
+    p = glm5('bench', '--levels', '1,2', inventory=inventory)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    lines = p.out.splitlines()
+    assert lines[0] == '{0}: the smoke test on demand, concurrency 1, 2'.format(NAME)
+    # a bar per level, from bench_serving's own progress in the level's log (2 prompts per concurrent request)
+    assert lines[1].startswith('concurrency     1 [' + '#' * 30 + ']      2/2'), lines[1]
+    assert lines[2].startswith('concurrency     2 [' + '#' * 30 + ']      4/4'), lines[2]
+    assert '# Smoke test ' in p.out and ': PASSED' in p.out and 'Report: pve-lab:{0}/'.format(HISTORY) in p.out
+    history = json.loads(glm5('history', '--json', inventory=inventory).out)['runs']
+    new = history[-1]
+    assert history[-2]['run'] == deployed_run['run'] and new['run'] != deployed_run['run']
+    assert new['passed'] and sorted(new['levels'], key=int) == ['1', '2'], new
+    folder = os.path.join(HISTORY, new['run'])
+    for f in ('bench.jsonl', 'bench-c1.log', 'bench-c2.log', 'gpu.jsonl', 'summary.json', 'report.md',
+              'throughput.png', 'latency.png', 'gpus.png'):
+        assert os.path.getsize(os.path.join(folder, f)) > 0, f
+    text = glm5('history', inventory=inventory).out
+    assert deployed_run['run'] in text and new['run'] in text and '{0}: '.format(NAME) in text
+
+    # compare: the last two by default, older first
+    out = str(tmp_path / 'cmp.png')
+    p = glm5('compare', '--json', '--out', out, inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    cmp = json.loads(p.out)
+    assert [r['run'] for r in cmp['runs']] == [deployed_run['run'], new['run']]
+    assert [row['concurrency'] for row in cmp['levels']] == [1, 2]
+    one = cmp['levels'][0]['total_tok_s']
+    assert one['a'] == deployed_run['levels']['1']['total_tok_s'] and one['b'] == new['levels']['1']['total_tok_s']
+    assert one['change_pct'] == pytest.approx(100 * (one['b'] - one['a']) / one['a'])
+    assert cmp['levels'][1]['total_tok_s']['a'] is None          # level 2 only in the newer run
+    assert all(m['same'] for m in cmp['meta']), cmp['meta']
+    with open(out, 'rb') as fh:
+        assert fh.read(8) == b'\x89PNG\r\n\x1a\n'
+    # by name prefix, in either order; the table
+    p = glm5('compare', new['run'][:16], deployed_run['run'], '--out', out, inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    assert p.out.startswith('# {0} (pass) vs {1} (pass)'.format(deployed_run['run'], new['run'])), p.out
+    assert '| 1 | {0} -> '.format('{0:,.1f}'.format(one['a'])) in p.out and 'Plot: ' + out in p.out
+
+
+def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
+    one_line_error(glm5('-n', 'nosuch', 'status', inventory=inventory), 2, "unknown node 'nosuch'", NAME)
+    one_line_error(glm5('status', '-n', 'pve-lab', inventory=inventory), 2, "unknown node 'pve-lab'")
+    one_line_error(glm5('compare', '19990101T000000Z', inventory=inventory), 2,
+                   "no run '19990101T000000Z' in pve-lab:" + HISTORY)
+    one_line_error(glm5('status', inventory=str(tmp_path / 'none')), 2, 'no inventory at')
+    p = glm5('bench', '--levels', '64,1', inventory=inventory)
+    assert p.returncode == 2 and '--levels must be ascending, distinct and >= 1' in p.stderr, p.stderr
+    p = glm5('bench', '--lengths', '256', inventory=inventory)
+    assert p.returncode == 2 and '--lengths takes INPUT/OUTPUT tokens like 256/128' in p.stderr, p.stderr
+    # a node nothing answers for: status says so and exits 1, other subcommands give the one line
+    down = write_inventory(tmp_path / 'down', name='glm5-ops-down', port=29)
+    p = glm5('status', '--json', inventory=down)
+    assert p.returncode == 1, p.stderr
+    problems = json.loads(p.out)['nodes'][0]['problems']
+    assert 'cannot reach root@127.0.0.1:29 over SSH' in ' '.join(problems), problems
+    one_line_error(glm5('gpus', inventory=down), 1, 'glm5-ops-down: cannot reach root@127.0.0.1:29 over SSH')
+    one_line_error(glm5('restart', inventory=down), 1, 'cannot reach root@127.0.0.1:29 over SSH')
+    # a host key nobody recorded is refused, as OpenSSH's StrictHostKeyChecking does
+    empty = tmp_path / 'known_hosts'
+    empty.write_text('')
+    unknown = write_inventory(tmp_path / 'unknown', extra='          ansible_ssh_common_args: ""\n'
+                                                          '          pve_container_known_hosts_file: {0}\n'.format(empty))
+    one_line_error(glm5('gpus', inventory=unknown), 1, "cannot reach root@127.0.0.1:{0} over SSH: Server "
+                   "'[127.0.0.1]:{0}' not found in known_hosts".format(20000 + VMID))
+
+
+def test_restart_drains_a_request_in_flight(inventory):
+    key = env_file_value(ssh('cat', '/etc/glm5/glm5-sglang.env').stdout, 'SGLANG_API_KEY')
+    body = json.dumps({'model': 'glm-5', 'max_tokens': 40, 'temperature': 0, 'ignore_eos': True,
+                       'messages': [{'role': 'user', 'content': 'Write a long story.'}]}).encode()
+    answer = {}
+
+    def ask():
+        req = urllib.request.Request('http://127.0.0.1:{0}/v1/chat/completions'.format(30000 + VMID), data=body,
+                                     headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answer.update(status=r.status, body=json.loads(r.read()))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(1.5)                     # 40 tokens at the seeds' single-stream 8.2 tok/s: ~5 s, still running
+    p = glm5('restart', '--json', inventory=inventory)
+    t.join(60)
+    doc = json.loads(p.out)
+    assert p.returncode == 0 and doc['ready'] is True, (p.stdout, p.stderr)
+    assert answer.get('status') == 200, answer
+    assert answer['body']['usage']['completion_tokens'] == 40, answer          # finished, not cut off
+    assert doc['stopped_after_s'] >= 1.5, doc                                  # the stop waited for it
