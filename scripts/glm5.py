@@ -216,12 +216,13 @@ class Ssh(object):
             raise OpsError('{0}: cannot reach {1} over SSH: {2}'.format(self.name, self.where, why)) from None
         self._opened = True
 
-    def run(self, cmd, timeout=60, stream=False):
+    def run(self, cmd, timeout=60, stream=False, pty=False):
+        """pty: a terminal on the far side, so that Ctrl-C here reaches the command there (journalctl -f)."""
         self._open()
         try:
             # stream: True shows stdout and stderr as they come, 'out' only stdout (stderr is kept for the error line)
             hide = 'err' if stream == 'out' else not stream
-            r = self.conn.run(cmd, hide=hide, warn=True, in_stream=False, timeout=timeout)
+            r = self.conn.run(cmd, hide=hide, warn=True, in_stream=False, timeout=timeout, pty=pty)
         except Exception as exc:  # invoke's CommandTimedOut, paramiko's errors: the node, not bad input
             if type(exc).__name__ == 'CommandTimedOut':
                 return Result('', 'timed out after {0} s'.format(timeout), 124)
@@ -460,10 +461,25 @@ def node_status(node):
         st['last_smoke'] = None
     try:
         st['ssh'] = node.ssh.where
-        node.ssh._open()
+        _inside(node, st, host)
     except OpsError as exc:
         problems.append(str(exc).split(': ', 1)[1])
-        return st
+    if host.get('error'):
+        problems.append(host['error'])
+    last = st.get('last_smoke') or {}
+    if last.get('error'):
+        problems.append(last['error'])
+    elif not last:
+        problems.append('no smoke test run in the bench history')
+    elif not last.get('passed'):
+        problems.append('the last smoke test {0} FAILED: {1}'.format(last['run'], '; '.join(last.get('reasons') or [])))
+    return st
+
+
+def _inside(node, st, host):
+    """status's part from inside the container (over SSH): unit, health, what runs, GPUs, the driver match."""
+    problems = st['problems']
+    node.ssh._open()
     st['unit'] = node.unit_state()
     u = st['unit']
     if u['load'] != 'loaded':
@@ -504,16 +520,6 @@ def node_status(node):
     if host.get('version') and gpus.get('driver') and host['version'] != gpus['driver']:
         problems.append('driver mismatch: host kernel module {0}, container userspace {1}'.format(
             host['version'], gpus['driver']))
-    elif host.get('error'):
-        problems.append(host['error'])
-    last = st.get('last_smoke') or {}
-    if last.get('error'):
-        problems.append(last['error'])
-    elif not last:
-        problems.append('no smoke test run in the bench history')
-    elif not last.get('passed'):
-        problems.append('the last smoke test {0} FAILED: {1}'.format(last['run'], '; '.join(last.get('reasons') or [])))
-    return st
 
 
 def gpu_table(gpus):
@@ -637,11 +643,14 @@ def cmd_logs(args, inv):
     if args.follow:
         cmd.append('-f')
     try:
-        r = node.ssh.run(' '.join(map(shlex.quote, cmd)), timeout=None if args.follow else 120, stream='out')
+        r = node.ssh.run(' '.join(map(shlex.quote, cmd)), timeout=None if args.follow else 120, stream='out',
+                         pty=args.follow)
     except KeyboardInterrupt:
         return 0
     finally:
         node.close()
+    if args.follow and r.exited in (-1, 130):  # Ctrl-C: the far side's journalctl ended by it
+        return 0
     if not r.ok:
         raise OpsError('{0}: journalctl: {1}'.format(node.name, (r.stderr.strip().splitlines() or
                                                                    ['exit {0}'.format(r.exited)])[-1]))
@@ -737,6 +746,13 @@ def cmd_bench(args, inv):
             note = ('lengths {0}/{1} are not the baseline\'s ({2}/{3}): gated on failed requests and the probe '
                     'only'.format(args.lengths[0], args.lengths[1], hv.get('sglang_smoke_input_len'),
                                   hv.get('sglang_smoke_output_len')))
+    launch = node.launch()
+    if launch is None:
+        raise OpsError('{0}: no unit {1} in the container: deploy it first (site.yml)'.format(name, node.unit))
+    health = node.health(launch['base_url'])
+    if not health['ok']:
+        raise OpsError('{0}: {1} is not ready ({2}/health_generate: {3}): glm5 status says more'.format(
+            name, node.service, launch['base_url'], health.get('status') or health.get('detail')))
     per, least = int(hv.get('sglang_smoke_prompts_per_concurrency')), int(hv.get('sglang_smoke_min_prompts'))
     prompts = {lv: max(least, per * lv) for lv in levels}
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
@@ -894,7 +910,9 @@ def cmd_restart(args, inv):
         if not r.ok:
             raise OpsError('{0}: systemctl stop {1}: {2}'.format(node.name, node.service, r.stderr.strip() or r.exited))
         say('{0}: stopped after {1} s; starting'.format(node.name, stopped))
-        r = node.ssh.run('systemctl start {0}'.format(shlex.quote(node.service)), timeout=120)
+        # an operator's restart is not a crash loop: the unit's start limit (StartLimitBurst) is reset first
+        r = node.ssh.run('systemctl reset-failed {0}; systemctl start {0}'.format(shlex.quote(node.service)),
+                         timeout=120)
         if not r.ok:
             raise OpsError('{0}: systemctl start {1}: {2}'.format(node.name, node.service, r.stderr.strip() or r.exited))
         t1 = time.monotonic()
@@ -975,6 +993,9 @@ def main(argv=None):
     except OpsError as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return exc.code
+    except BrokenPipeError:             # glm5 status | head: the reader has gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (OSError, EOFError) as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return 1

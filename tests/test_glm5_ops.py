@@ -4,6 +4,7 @@ the bench history on the lab host. Its own container (vmid 199) in an inventory 
 every call also goes through -i. The container is destroyed at the end; its runs stay in the bench history."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -153,6 +154,9 @@ def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_bac
         assert '  PROBLEM: http://127.0.0.1:{0}/health_generate answered URLError'.format(30000 + VMID) in p.out
         doc = json.loads(glm5('status', '--json', inventory=inventory).out)
         assert doc['healthy'] is False and doc['nodes'][0]['unit']['active'] == 'inactive'
+        # no bench against a node that does not answer (the smoke test would wait out its readiness timeout)
+        one_line_error(glm5('bench', inventory=inventory), 1, 'glm5-sglang is not ready',
+                       'http://127.0.0.1:{0}/health_generate'.format(30000 + VMID))
     finally:
         p = glm5('restart', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
@@ -191,6 +195,26 @@ def test_logs(inventory):
     assert any('sglang-emulator: serving glm-5' in x['MESSAGE'] for x in lines), lines
     one_line_error(glm5('logs', '--since', 'not-a-time', inventory=inventory), 1,
                    NAME, 'journalctl: Failed to parse timestamp')
+
+
+def test_logs_follow_until_ctrl_c(inventory):
+    p = subprocess.Popen([GLM5, '-i', inventory, 'logs', '-f', '--lines', '1'], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    seen = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(p.stdout.readline, '')), daemon=True)
+    reader.start()
+    try:
+        time.sleep(3)
+        assert glm5('restart', inventory=inventory).returncode == 0             # new lines while it follows
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any('sglang-emulator: serving' in x for x in seen[1:]):
+            time.sleep(0.5)
+        assert any('Stopped glm5-sglang.service' in x for x in seen), seen
+        assert any('sglang-emulator: serving' in x for x in seen[1:]), seen
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(20)
+    assert p.returncode == 0, p.stderr.read()
 
 
 def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(inventory, deployed_run, tmp_path):
