@@ -307,3 +307,19 @@ def test_restart_drains_a_request_in_flight(inventory):
     assert answer.get('status') == 200, answer
     assert answer['body']['usage']['completion_tokens'] == 40, answer          # finished, not cut off
     assert doc['stopped_after_s'] >= 1.5, doc                                  # the stop waited for it
+
+
+def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inventory):
+    # starts in a row, past StartLimitBurst (sglang_service_start_limit_burst: 3 in 20 minutes)
+    for _ in range(4):
+        ssh('systemctl', 'restart', 'glm5-sglang')
+    assert ssh('systemctl', 'is-failed', 'glm5-sglang').stdout.strip() == 'failed'
+    p = glm5('status', inventory=inventory)
+    assert p.returncode == 1, p.out
+    assert '  PROBLEM: unit glm5-sglang is failed (failed, result start-limit-hit)' in p.out, p.out
+    run = site(None, '--tags', 'sglang', inventory=inventory, sglang=True)
+    assert run.rc == 0, run
+    assert 'Service | a unit that failed (a crash loop, its start limit hit) gets a fresh start from a deploy] ' \
+           '*** changed' in run.out, run
+    p = glm5('status', inventory=inventory)
+    assert p.returncode == 0 and 'HEALTHY' in p.out, p.out

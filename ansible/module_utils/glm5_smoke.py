@@ -558,8 +558,9 @@ def plot_compare(a, b, path):
         for row in compare(a, b)['levels']:
             r = row[key]
             if r['change_pct'] is not None:
+                color = 'tab:gray' if abs(r['change_pct']) < 5 else 'tab:green' if r['better'] else 'tab:red'
                 ax.annotate('{0:+.1f} %'.format(r['change_pct']), (row['concurrency'], r['b']), textcoords='offset points',
-                            xytext=(6, -12), fontsize=8, color='tab:gray' if abs(r['change_pct']) < 5 else 'tab:green' if r['better'] else 'tab:red')
+                            xytext=(6, -12), fontsize=8, color=color)
         ax.set_xscale('log', base=2)
         if key.endswith('_ms'):
             ax.set_yscale('log')
