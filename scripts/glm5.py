@@ -82,15 +82,29 @@ def _filters():
 
 # ---------------------------------------------------------------- the inventory
 class Inventory(object):
-    def __init__(self, source):
+    def __init__(self, source, vault_password_files=(), ask_vault_pass=False):
         if not os.path.exists(source):
             raise UsageError('no inventory at {0}'.format(source))
         _ansible()
+        from ansible.cli import CLI
+        from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
         from ansible.vars.manager import VariableManager
+
+        from ansible import constants as C
         self.source = source
+        self.vault_password_files = list(vault_password_files or [])
+        self.ask_vault_pass = ask_vault_pass
         self.loader = DataLoader()
+        # vaulted variables (a production inventory's secrets), as ansible-playbook reads them: --vault-password-file,
+        # --ask-vault-pass, or ANSIBLE_VAULT_PASSWORD_FILE / vault_password_file in ansible.cfg
+        try:
+            CLI.setup_vault_secrets(self.loader, vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,
+                                    vault_password_files=self.vault_password_files or None,
+                                    ask_vault_pass=ask_vault_pass, auto_prompt=False)
+        except AnsibleError as exc:
+            raise UsageError('vault password: {0}'.format(str(exc).splitlines()[0])) from None
         self.inv = InventoryManager(loader=self.loader, sources=[source])
         self.vm = VariableManager(loader=self.loader, inventory=self.inv)
         self.defaults = {}
@@ -107,8 +121,14 @@ class Inventory(object):
         host = self.inv.get_host(name)
         if host is None:
             raise UsageError('{0} is not a host of {1}'.format(name, self.source))
+        from ansible.errors import AnsibleError
         variables = dict(self.defaults)
-        variables.update(self.vm.get_vars(host=host))
+        try:
+            variables.update(self.vm.get_vars(host=host))
+        except AnsibleError as exc:       # e.g. vaulted variables without the vault password
+            raise UsageError('{0}: cannot read its variables from {1}: {2}{3}'.format(
+                name, self.source, str(exc).splitlines()[0],
+                ' (--vault-password-file or --ask-vault-pass)' if 'vault' in str(exc).lower() else '')) from None
         return HostVars(name, variables, Templar(loader=self.loader, variables=variables))
 
     def select(self, node):
@@ -760,6 +780,10 @@ def cmd_bench(args, inv):
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
     cmd = [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), BENCH_PLAYBOOK, '-i', inv.source,
            '-l', name, '-e', json.dumps(extra)]
+    for path in inv.vault_password_files:
+        cmd += ['--vault-password-file', path]
+    if inv.ask_vault_pass:
+        cmd.append('--ask-vault-pass')      # it asks on the terminal (/dev/tty) again: its output goes to a log
     progress = Progress(node, levels, prompts, sys.stderr if args.json else sys.stdout)
     if not args.json:
         print('{0}: the smoke test on demand, concurrency {1}{2}'.format(name, ', '.join(map(str, levels)),
@@ -953,6 +977,10 @@ def parser():
         common.add_argument('-n', '--node', default=default(None),
                             help='one host of inference_nodes (default: all, or the only one)')
         common.add_argument('--json', action='store_true', default=default(False), help='JSON instead of tables')
+        common.add_argument('--vault-password-file', action='append', default=default([]), metavar='FILE',
+                            help="for an inventory with vaulted secrets, as ansible-playbook's")
+        common.add_argument('--ask-vault-pass', action='store_true', default=default(False),
+                            help='ask for the vault password')
         return common
 
     common = options(True)
@@ -988,7 +1016,7 @@ COMMANDS = {'status': cmd_status, 'gpus': cmd_gpus, 'logs': cmd_logs, 'bench': c
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
-        inv = Inventory(os.path.abspath(args.inventory))
+        inv = Inventory(os.path.abspath(args.inventory), args.vault_password_file, args.ask_vault_pass)
         return COMMANDS[args.command](args, inv)
     except OpsError as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)

@@ -323,3 +323,36 @@ def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inv
            '*** changed' in run.out, run
     p = glm5('status', inventory=inventory)
     assert p.returncode == 0 and 'HEALTHY' in p.out, p.out
+
+
+def inventory_var(inventory, node, var, *vault_files):
+    """glm5's inventory reading in a process of its own (Ansible's vault context is set once per process)."""
+    code = ('import sys; sys.path.insert(0, {0!r}); import glm5\n'
+            'try:\n'
+            '    print(glm5.Inventory({1!r}, {2!r}).host_vars({3!r}).get({4!r}))\n'
+            'except glm5.OpsError as exc:\n'
+            '    print("ERROR", exc)\n').format(os.path.join(ROOT, 'scripts'), inventory, list(vault_files), node, var)
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120).stdout.strip()
+
+
+def test_vaulted_inventory_variables_are_read_with_the_vault_password(tmp_path):
+    """The production example's secrets are vaulted: glm5 reads them as ansible-playbook does (no node is contacted)."""
+    production = os.path.join(ROOT, 'inventories', 'production')
+    pw = tmp_path / 'pw'
+    pw.write_text('example\n')
+    assert inventory_var(production, 'glm5', 'pve_container_api_password', str(pw)) == 'CHANGE-ME'
+    out = inventory_var(production, 'glm5', 'pve_container_api_password')
+    assert out == 'ERROR glm5: cannot read its variables from {0}: A vault password must be specified to decrypt ' \
+                  'data. (--vault-password-file or --ask-vault-pass)'.format(production), out
+    wrong = tmp_path / 'wrong'
+    wrong.write_text('not-it\n')
+    out = inventory_var(production, 'glm5', 'pve_container_api_password', str(wrong))
+    assert out.startswith('ERROR glm5: cannot read its variables from {0}: '.format(production)), out
+    assert 'Decryption failed' in out, out
+    # the command itself: one line before it contacts anything
+    one_line_error(glm5('status', inventory=production), 2,
+                   'cannot read its variables', 'A vault password must be specified', '--vault-password-file')
+    # the lab's: templated from a lookup of the file labd made
+    with open(os.path.join(labd.paths()['password'])) as fh:
+        assert inventory_var(os.path.join(ROOT, 'inventories', 'lab'), 'glm5-lab', 'pve_container_api_password') == \
+            fh.read().strip()
