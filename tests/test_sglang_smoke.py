@@ -323,12 +323,15 @@ def test_two_golden_runs_side_by_side(tmp_path):
     assert cmp['levels'][1]['passed'] == {'a': True, 'b': False}
     same = {m['key']: m['same'] for m in cmp['meta']}
     assert same['sglang'] and same['profile'] and same['flags_sha256'], cmp['meta']   # the slow one: an env fault
+    assert same['workload'] and cmp['meta'][-1]['a'] == 'random-ids 256/128 range ratio 0.0', cmp['meta']
     text = gs.compare_markdown(cmp)
     assert text.startswith('# {0} (pass) vs {1} (FAIL)'.format(healthy['run'], slow['run']))
     assert '| 64 | 705.2 -> 354.0 (-49.8 %, worse) |' in text, text
     assert '| 256 | 1,856.3 -> - |' in text and '| pass / FAIL |' in text
-    changed = dict(slow, meta=dict(slow['meta'], sglang='0.5.13', flags_sha256='f' * 64))
+    changed = dict(slow, meta=dict(slow['meta'], sglang='0.5.13', flags_sha256='f' * 64),
+                   settings=dict(slow['settings'], input_len=512))
     text = gs.compare_markdown(gs.compare(healthy, changed))
     assert 'sglang: 0.5.12.post1 -> 0.5.13' in text and 'flags_sha256: 14925827183e -> ffffffffffff' in text
+    assert 'workload: random-ids 256/128 range ratio 0.0 -> random-ids 512/128 range ratio 0.0' in text, text
     gs.plot_compare(healthy, slow, str(tmp_path / 'cmp.png'))
     assert png_size(str(tmp_path / 'cmp.png')) == (1200, 800)

@@ -488,11 +488,18 @@ COMPARE_METRICS = (('total_tok_s', 'total tok/s', 1), ('output_tok_s', 'output t
 COMPARE_META = ('node', 'sglang', 'profile', 'flags_sha256', 'lock_sha256', 'driver', 'model_revision')
 
 
+def _workload(summary):
+    st = summary.get('settings') or {}
+    return '{0} {1}/{2} range ratio {3}'.format(st.get('dataset'), st.get('input_len'), st.get('output_len'),
+                                                  st.get('range_ratio'))
+
+
 def compare(a, b):
     """Two runs' summaries -> {runs, meta: [{key, a, b, same}], levels: [{concurrency, <metric>: {a, b, change_pct,
     better}}]}: what differs between them, and each level both (or either) ran, b against a (a is the older)."""
-    ma, mb = a.get('meta') or {}, b.get('meta') or {}
-    meta = [{'key': k, 'a': ma.get(k), 'b': mb.get(k), 'same': ma.get(k) == mb.get(k)} for k in COMPARE_META]
+    ma, mb = dict(a.get('meta') or {}, workload=_workload(a)), dict(b.get('meta') or {}, workload=_workload(b))
+    meta = [{'key': k, 'a': ma.get(k), 'b': mb.get(k), 'same': ma.get(k) == mb.get(k)}
+            for k in COMPARE_META + ('workload',)]
     la = {lv['concurrency']: lv for lv in a.get('levels') or []}
     lb = {lv['concurrency']: lv for lv in b.get('levels') or []}
     levels = []
@@ -521,7 +528,7 @@ def compare_markdown(cmp):
             short = 12 if m['key'].endswith('sha256') else None
             lines.append('{0}: {1} -> {2}'.format(m['key'], str(m['a'])[:short], str(m['b'])[:short]))
     else:
-        lines.append('Same sglang, profile, flags, lock, driver and model.')
+        lines.append('Same sglang, profile, flags, lock, driver, model and workload.')
     lines.append('')
     lines.append('A is the older run, B the newer; each cell: A -> B (change)')
     lines.append('')
@@ -560,7 +567,7 @@ def plot_compare(a, b, path):
             if r['change_pct'] is not None:
                 color = 'tab:gray' if abs(r['change_pct']) < 5 else 'tab:green' if r['better'] else 'tab:red'
                 ax.annotate('{0:+.1f} %'.format(r['change_pct']), (row['concurrency'], r['b']), textcoords='offset points',
-                            xytext=(6, -12), fontsize=8, color=color)
+                            xytext=(6, 6), fontsize=8, color=color)
         ax.set_xscale('log', base=2)
         if key.endswith('_ms'):
             ax.set_yscale('log')
