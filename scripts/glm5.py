@@ -297,27 +297,18 @@ class Node(object):
     def container(self):
         from proxmoxer import ProxmoxAPI
 
-        from ansible.module_utils.pve_api import describe_error
+        from ansible.module_utils.pve_api import describe_error, proxmox_kwargs
         hv = self.hv
-        host, port = hv.get('pve_container_api_host'), int(hv.get('pve_container_api_port', 8006))
-        url = 'https://{0}:{1}'.format(host, port)
-        verify = hv.get('pve_container_api_validate_certs', True)
-        if verify and hv.get('pve_container_api_ca_file'):
-            verify = hv.get('pve_container_api_ca_file')
-        kwargs = dict(host=host, port=port, user=hv.get('pve_container_api_user', 'root@pam'), verify_ssl=verify,
-                      timeout=15)
-        token = hv.get('pve_container_api_token_id')
-        if token:
-            if '!' in token:
-                kwargs['user'], token = token.split('!', 1)
-            kwargs.update(token_name=token, token_value=hv.get('pve_container_api_token_secret'))
-        else:
-            kwargs['password'] = hv.get('pve_container_api_password')
+        # the pve_container role's connection variables, as its module gets them (PVE_NAMES: option -> variable)
+        params = {opt: hv.get(var) for opt, var in PVE_NAMES.items()}
+        params.update(api_port=int(params['api_port'] or 8006), api_user=params['api_user'] or 'root@pam',
+                      validate_certs=hv.get('pve_container_api_validate_certs', True), api_timeout=15)
+        url = 'https://{0}:{1}'.format(params['api_host'], params['api_port'])
         try:
-            api = ProxmoxAPI(**kwargs)
+            api = ProxmoxAPI(**proxmox_kwargs(params))
             cur = api.nodes(hv.get('pve_container_node')).lxc(self.vmid).status.current.get()
         except Exception as exc:  # proxmoxer raises several types; all mean "cannot ask PVE"
-            return {'status': None, 'error': describe_error(exc, url, PVE_NAMES, 15, bool(token))}
+            return {'status': None, 'error': describe_error(exc, url, PVE_NAMES, 15, bool(params['api_token_id']))}
         return {'status': cur.get('status'), 'uptime_s': cur.get('uptime'), 'name': cur.get('name'),
                 'node': hv.get('pve_container_node'), 'vmid': self.vmid, 'api': url}
 

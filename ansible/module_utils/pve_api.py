@@ -105,6 +105,22 @@ def describe_error(exc, url, names=None, api_timeout=None, token=False):
     return error_text(exc)
 
 
+def proxmox_kwargs(p):
+    """ProxmoxAPI's arguments from the connection options (pve_auth_argument_spec's names): the CA file when
+    certificates are checked, a token (also in PVE's full form user@realm!name) or the password."""
+    verify = p['ca_file'] if (p['validate_certs'] and p['ca_file']) else p['validate_certs']
+    kwargs = dict(host=p['api_host'], port=p['api_port'], user=p['api_user'], verify_ssl=verify,
+                  timeout=p['api_timeout'])
+    if p.get('api_token_id'):
+        token = p['api_token_id']
+        if '!' in token:
+            kwargs['user'], token = token.split('!', 1)
+        kwargs.update(token_name=token, token_value=p['api_token_secret'])
+    else:
+        kwargs['password'] = p['api_password']
+    return kwargs
+
+
 class PveApi(object):
     """One authenticated proxmoxer connection for a module."""
 
@@ -128,21 +144,8 @@ class PveApi(object):
         return bool(self.module.params.get('api_token_id'))
 
     def connect(self):
-        p = self.module.params
-        verify = p['ca_file'] if (p['validate_certs'] and p['ca_file']) else p['validate_certs']
-        kwargs = dict(host=p['api_host'], port=p['api_port'], user=p['api_user'], verify_ssl=verify,
-                      timeout=p['api_timeout'])
-        if self.using_token:
-            token = p['api_token_id']
-            if '!' in token:
-                # Accept the full form user@realm!name as PVE shows it.
-                user, token = token.split('!', 1)
-                kwargs['user'] = user
-            kwargs.update(token_name=token, token_value=p['api_token_secret'])
-        else:
-            kwargs['password'] = p['api_password']
         try:
-            self.api = ProxmoxAPI(**kwargs)
+            self.api = ProxmoxAPI(**proxmox_kwargs(self.module.params))
             self.api.version.get()
         except Exception as exc:  # proxmoxer raises several types; all mean "cannot talk to PVE"
             self.module.fail_json(msg=self.describe(exc))
