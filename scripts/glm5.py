@@ -393,18 +393,16 @@ class Node(object):
         return os.path.join(self.history_dir, *parts)
 
     def history(self):
-        r = self.pve_host.run('cat {0}'.format(shlex.quote(self._history_path('index.jsonl'))))
+        from ansible.module_utils.glm5_smoke import parse_jsonl
+        path = self._history_path('index.jsonl')
+        r = self.pve_host.run('cat {0}'.format(shlex.quote(path)))
         if not r.ok:
             return []
-        entries = []
-        for line in r.stdout.splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get('node') == self.name:
-                entries.append(e)
-        return entries
+        try:   # read as the smoke test's report module reads it
+            entries = parse_jsonl(r.stdout)
+        except ValueError as exc:
+            raise OpsError('{0}: {1}: {2}'.format(self.name, path, exc)) from None
+        return [e for e in entries if e.get('node') == self.name]
 
     def summary(self, run):
         r = self.pve_host.run('cat {0}'.format(shlex.quote(self._history_path(run, 'summary.json'))))
@@ -828,6 +826,7 @@ def _playbook_error(output):
 
 # ---------------------------------------------------------------- history and compare
 def cmd_history(args, inv):
+    from ansible.module_utils.glm5_smoke import entry_note
     node = Node(inv, inv.one(args.node))
     try:
         entries = node.history()
@@ -842,9 +841,7 @@ def cmd_history(args, inv):
         return 0
     rows = [('run', 'verdict', 'sglang', 'profile', 'flags', 'levels', 'headline total tok/s', 'output tok/s', 'note')]
     for e in entries:
-        note = 'rolled back' if e.get('rolled_back') else ''
-        if not e.get('passed') and e.get('reasons'):
-            note = (note + ': ' if note else '') + e['reasons'][0][:70]
+        note = entry_note(e, 70)
         rows.append((e['run'], 'pass' if e.get('passed') else 'FAIL', e.get('sglang') or '', e.get('profile') or '',
                      (e.get('flags_sha256') or '')[:12], ','.join(sorted(e.get('levels') or {}, key=int)),
                      '{0} @{1}'.format(_num(e.get('headline_total_tok_s')), e.get('headline_concurrency'))

@@ -207,7 +207,7 @@ def judge_answer(probe, status, body):
 
 # ---------------------------------------------------------------- bench_serving results
 def parse_jsonl(text):
-    """bench_serving's --output-file: one JSON object per line (it appends a line per run)."""
+    """JSON Lines (bench_serving's --output-file, the GPU samples, the history's index): one object per line."""
     out = []
     for n, line in enumerate((text or '').splitlines(), 1):
         line = line.strip()
@@ -216,7 +216,7 @@ def parse_jsonl(text):
         try:
             out.append(json.loads(line))
         except ValueError as exc:
-            raise ValueError('line {0} of the bench_serving output is not JSON: {1}'.format(n, exc)) from None
+            raise ValueError('line {0} is not JSON: {1}'.format(n, exc)) from None
     return out
 
 
@@ -459,14 +459,20 @@ def merge_index(entries, entry):
     return sorted(out, key=lambda e: (e.get('started') or '', e.get('run') or ''))
 
 
+def entry_note(entry, width):
+    """An index entry's note: rolled back, and for a failed run its first reason (cut to width)."""
+    note = 'rolled back' if entry.get('rolled_back') else ''
+    if not entry.get('passed') and entry.get('reasons'):
+        note = (note + ': ' if note else '') + entry['reasons'][0][:width]
+    return note
+
+
 def index_markdown(entries):
     lines = ['# Smoke-test runs', '', '![trend](trend.png)', '',
              '| run | node | verdict | sglang | profile | flags | headline total tok/s | output tok/s | note |',
              '|:---|:---|:---|:---|:---|:---|---:|---:|:---|']
     for e in reversed(entries):
-        note = 'rolled back' if e.get('rolled_back') else ''
-        if not e.get('passed') and e.get('reasons'):
-            note = (note + ': ' if note else '') + e['reasons'][0][:80]
+        note = entry_note(e, 80)
         lines.append('| [{0}]({0}/report.md) | {1} | {2} | {3} | {4} | {5} | {6} | {7} | {8} |'.format(
             e['run'], e.get('node') or '', 'pass' if e.get('passed') else 'FAIL', e.get('sglang') or '',
             e.get('profile') or '', (e.get('flags_sha256') or '')[:12],

@@ -83,7 +83,10 @@ def read_jsonl(path):
     if not os.path.exists(path):
         return []
     with open(path) as fh:
-        return parse_jsonl(fh.read())
+        try:
+            return parse_jsonl(fh.read())
+        except ValueError as exc:
+            raise ValueError('{0}: {1}'.format(path, exc)) from None
 
 
 SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'seconds', 'samples', 'open_files_limit',
