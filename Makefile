@@ -1,17 +1,39 @@
-# The two commands: `make deploy` and `make test` (see README). Run as root on Debian 12.
+# The two commands: `make deploy` and `make test` (see README); `make check` is the quick loop. Run as root on
+# Debian 12. tests/README.md is the map of the suite: its lanes, nodes and what each check proves.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook
+MOLECULE := $(VENV)/bin/molecule
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 
-.PHONY: deploy test venv lab-up lab-down lab-purge lint pytest molecule bench-deploy clean
+# Where make test keeps its measurements (JUnit XML of pytest and of every playbook, each step's wall time);
+# `make durations` prints them as a table.
+REPORTS := build/test-reports
+# A step of the suite, timed and recorded: $(call step,<name>,<command>)
+step = $(PY) scripts/suite_durations.py step $(1) -- $(2)
+# The playbooks' per-task times, as JUnit XML (Ansible's own junit callback), in the step's folder.
+ansible_junit = ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit,ansible.posix.timer JUNIT_OUTPUT_DIR=$(abspath $(REPORTS))/$(1)
+PYTEST = env GLM5_LAB=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=10
+
+.PHONY: deploy test check venv lab-up lab-down lab-purge lint unit lanes lane-stack lane-ct \
+        host-checks durations bench-deploy clean
 
 deploy: venv lab-up  ## venv (with .venv/bin/glm5) + lab + site.yml
 	$(ANSIBLE_PLAYBOOK) site.yml
 
-test: venv lint lab-up pytest molecule  ## lint + pytest + Molecule
+# Everything, as CI runs it: lint and the no-lab tests beside bringing the lab up, then the two lanes side by side
+# (the full-stack node and the container-stage node), then the checks that change the lab host itself, alone.
+test: venv
+	rm -rf $(REPORTS) && mkdir -p $(REPORTS)
+	$(MAKE) --no-print-directory -j2 check lab-up
+	$(MAKE) --no-print-directory -j2 --output-sync=target lanes
+	$(MAKE) --no-print-directory host-checks
+	$(MAKE) --no-print-directory durations
+
+# The quick loop (<= 3 minutes): lint + every test that needs no lab.
+check: venv lint unit
 
 $(VENV)/.installed: requirements.txt requirements-lab.txt
 	command -v python3 >/dev/null || { apt-get update && apt-get install -y python3 python3-venv; }
@@ -28,7 +50,7 @@ $(VENV)/bin/glm5: $(VENV)/.installed
 venv: $(VENV)/.installed $(VENV)/bin/glm5
 
 lab-up: venv  ## start the lab (idempotent)
-	$(ANSIBLE_PLAYBOOK) ansible/playbooks/lab_up.yml
+	$(call step,lab-up,$(ANSIBLE_PLAYBOOK) ansible/playbooks/lab_up.yml)
 
 lab-down: venv  ## stop lab containers and fakepve; state is kept
 	$(PY) scripts/lab/labd.py stop
@@ -37,18 +59,51 @@ lab-purge: venv  ## destroy lab containers and forget the lab's API state; host 
 	$(PY) scripts/lab/labd.py purge
 
 lint: venv
-	$(VENV)/bin/yamllint -s .
-	$(VENV)/bin/ruff check ansible scripts tests molecule
-	$(VENV)/bin/ansible-lint --profile production --offline
+	$(call step,lint,bash -c 'set -e; $(VENV)/bin/yamllint -s .; $(VENV)/bin/ruff check ansible scripts tests molecule; \
+		$(VENV)/bin/ansible-lint --profile production --offline -q')
 
-pytest: venv lab-up
-	GLM5_LAB=1 $(VENV)/bin/pytest -q
+# Tests that need no lab (no root, no LXC, no PyPI): filters, modules, parsers, fixtures, the report.
+unit: venv
+	$(call step,unit,$(PYTEST) -m 'not lab and not sglang' -n 2 --junitxml=$(REPORTS)/unit.xml)
 
-molecule: venv lab-up
-	$(VENV)/bin/molecule test --all
+lanes: lane-stack lane-ct
+
+# The full-stack node (molecule/default's, vmid 192), deployed once: site.yml, changed=0 on the second run, every
+# role's verify and the smoke test's fault modes (molecule/default/verify.yml), then the ops command against it.
+# A failed run leaves the node for a look; the next run destroys it first.
+lane-stack: venv
+	$(call step,stack-destroy-old,$(MOLECULE) destroy -s default)
+	$(call step,stack-molecule,env GLM5_LAB=1 $(call ansible_junit,stack-molecule) \
+		$(MOLECULE) test -s default --destroy=never)
+	$(call step,stack-pytest,$(PYTEST) -m stack --junitxml=$(REPORTS)/stack.xml)
+	$(call step,stack-destroy,$(MOLECULE) destroy -s default)
+
+# The container-stage node (molecule/pve_container's, vmid 190): container_base, gpu_container and pve_container
+# each converge their role on it and verify, then the site.yml tests about the container and GPU plays run on it;
+# it stays up for host-checks. Then the host-driver scenario (its own two containers), the other lab tests and the
+# tests that install each profile's sglang on this machine.
+lane-ct: venv
+	$(call step,ct-destroy-old,$(MOLECULE) destroy -s pve_container)
+	$(call step,ct-molecule,env GLM5_LAB=1 $(call ansible_junit,ct-molecule) \
+		$(MOLECULE) test -s container_base -s gpu_container -s pve_container --destroy=never)
+	$(call step,ct-pytest,$(PYTEST) -m ct --junitxml=$(REPORTS)/ct.xml)
+	$(call step,host-driver-molecule,env GLM5_LAB=1 $(call ansible_junit,host-driver-molecule) \
+		$(MOLECULE) test -s nvidia_host_driver)
+	$(call step,lab-pytest,$(PYTEST) -m 'lab and not stack and not ct and not host' --junitxml=$(REPORTS)/lab.xml)
+	$(call step,sglang-pytest,$(PYTEST) -m 'sglang' --junitxml=$(REPORTS)/sglang.xml)
+
+# Checks that change the lab host itself (a GPU device node moved away): run alone, after the lanes, on the
+# container-stage node, which is then destroyed.
+host-checks: venv
+	$(call step,host-pytest,$(PYTEST) -m host --junitxml=$(REPORTS)/host.xml)
+	$(call step,ct-destroy,$(MOLECULE) destroy -s pve_container)
+
+# The measurements of the last make test, as a table (tests/README.md keeps the numbers of record).
+durations: venv
+	@$(PY) scripts/suite_durations.py table $(REPORTS)
 
 bench-deploy: venv  ## deploy benchmark (by hand; destroys and recreates the lab container)
 	$(PY) scripts/bench_deploy.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) build

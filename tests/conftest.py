@@ -15,8 +15,19 @@ else:
 
 import pytest  # noqa: E402
 
+LANE_MARKERS = ('stack', 'ct', 'host')
 
-@pytest.fixture(scope='module')
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test on a lane node, or one that asks for the lab's API, needs the lab: it is marked `lab` as well, so
+    `-m 'not lab'` (make check) leaves it out."""
+    for item in items:
+        if 'lab_api' in item.fixturenames or any(item.get_closest_marker(m) for m in LANE_MARKERS):
+            item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope='session')
 def lab_api():
     """proxmoxer on the running lab's PVE API (root@pam, TLS checked against the lab CA).
 
@@ -32,3 +43,42 @@ def lab_api():
     with open(p['password']) as fh:
         password = fh.read().strip()
     return ProxmoxAPI('127.0.0.1', port=8006, user='root@pam', password=password, verify_ssl=p['ca'])
+
+
+def lab_node_inventory(tmp_path_factory, scenario):
+    """An inventory for one of make test's lane nodes, as its Molecule scenario sees it: the scenario's hosts file
+    (molecule/<scenario>/inventory/hosts.yml, the one place its vmid and ports are written) and the lab's group_vars.
+    -> (inventory path, node name, host variables)."""
+    import yaml
+    hosts = os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')
+    path = tmp_path_factory.mktemp(scenario + '-inventory')
+    os.symlink(hosts, str(path / 'hosts.yml'))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    with open(hosts) as fh:
+        nodes = yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']
+    (name, hostvars), = nodes.items()
+    return str(path), name, hostvars
+
+
+def _lane_node(lab_api, tmp_path_factory, scenario, what, how):
+    inventory, name, hostvars = lab_node_inventory(tmp_path_factory, scenario)
+    vmid = hostvars['pve_container_vmid']
+    status = {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(vmid)
+    if status != 'running':
+        pytest.fail('{0} ({1}, CT {2}) is {3}: these tests run on it after `{4}` (make test does this in its '
+                    'lanes, tests/README.md)'.format(what, name, vmid, status or 'absent', how))
+    return inventory, name, hostvars
+
+
+@pytest.fixture(scope='session')
+def stack_node(lab_api, tmp_path_factory):
+    """make test's full-stack node (molecule/default), deployed and verified before the tests marked `stack`."""
+    return _lane_node(lab_api, tmp_path_factory, 'default', 'the full-stack node',
+                      'molecule test -s default --destroy=never')
+
+
+@pytest.fixture(scope='session')
+def ct_node(lab_api, tmp_path_factory):
+    """make test's container-stage node (molecule/pve_container), made before the tests marked `ct` and `host`."""
+    return _lane_node(lab_api, tmp_path_factory, 'pve_container', 'the container-stage node',
+                      'molecule test -s container_base -s gpu_container -s pve_container --destroy=never')

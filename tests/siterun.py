@@ -37,7 +37,9 @@ def site(extra=None, *args, inventory=None, playbook='site.yml', sglang=False):
     return Run(subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
 
 
-def snapshot(api):
-    """vmid -> (config digest, status) of every container the lab API holds."""
+def snapshot(api, vmids):
+    """vmid -> (config digest, status) of the containers among vmids that the lab API holds (the test's own: the
+    other lane changes its containers meanwhile)."""
     node = api.nodes('pve1')
-    return {int(c['vmid']): (node.lxc(c['vmid']).config.get()['digest'], c['status']) for c in node.lxc.get()}
+    return {int(c['vmid']): (node.lxc(c['vmid']).config.get()['digest'], c['status']) for c in node.lxc.get()
+            if int(c['vmid']) in vmids}

@@ -1,7 +1,8 @@
 """glm5, the day-2 ops command (scripts/glm5.py, installed by make as .venv/bin/glm5), against the lab: a real SSH
-connection through Fabric into a lab container that site.yml deployed (the emulator serving), the lab's PVE API and
-the bench history on the lab host. Its own container (vmid 199) in an inventory of its own (the lab's group_vars), so
-every call also goes through -i. The container is destroyed at the end; its runs stay in the bench history."""
+connection through Fabric into make test's full-stack node (molecule/default's container, deployed by site.yml and
+verified before these run; the emulator serving at the test speed), the lab's PVE API and the node's bench history on
+the lab host. Every call goes through -i with the node's own inventory (its Molecule hosts file and the lab's
+group_vars). Tests that change the node put it back: the unit restarted or redeployed, healthy at the end."""
 import json
 import os
 import signal
@@ -17,11 +18,15 @@ import yaml
 from sglang_smoke import env_file_value
 from siterun import ROOT, site
 
-VMID = 199
-NAME = 'glm5-ops-test'
 GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
-with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as _fh:
-    HISTORY = yaml.safe_load(_fh)['pve_container_bench_history_dir']
+with open(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts.yml')) as _fh:
+    (NAME, NODE), = yaml.safe_load(_fh)['all']['children']['inference_nodes']['hosts'].items()
+VMID = NODE['pve_container_vmid']
+HISTORY = NODE['pve_container_bench_history_dir']
+SPEED = NODE['lab_emulator_speed']
+# What `glm5 bench` runs by default on this node: the node's smoke settings (4 prompts per concurrent request, at
+# least sglang_smoke_min_prompts)
+PROMPTS_PER_CONCURRENCY = 4
 HOSTS = """---
 all:
   children:
@@ -36,14 +41,10 @@ all:
           pve_container_vmid: {vmid}
           ansible_host: 127.0.0.1
           ansible_port: {port}
-          # the smoke test after the deploy and glm5 bench's default: one level, few prompts (2 per concurrent request)
-          sglang_smoke_levels: [1]
-          sglang_smoke_prompts_per_concurrency: 2
-          sglang_smoke_min_prompts: 2
 """
 
 
-def write_inventory(path, name=NAME, port=20000 + VMID, extra=''):
+def write_inventory(path, name=NAME, port=NODE['ansible_port'], extra=''):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, 'hosts.yml'), 'w') as fh:
         fh.write(HOSTS.format(name=name, vmid=VMID, port=port) + extra)
@@ -63,7 +64,7 @@ def ssh(*cmd):
     state = labd.STATE
     return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
                            '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', 'known_hosts'),
-                           '-p', str(20000 + VMID), 'root@127.0.0.1'] + list(cmd),
+                           '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -78,13 +79,9 @@ def one_line_error(p, code, *words):
 
 
 @pytest.fixture(scope='module')
-def inventory(lab_api, tmp_path_factory):
+def inventory(stack_node):
     assert os.access(GLM5, os.X_OK), 'make venv installs {0}'.format(GLM5)
-    inv = write_inventory(tmp_path_factory.mktemp('ops') / 'inventory')
-    run = site(None, inventory=inv, sglang=True)
-    assert run.rc == 0, run
-    yield inv
-    site({'pve_container_state': 'absent'}, inventory=inv)
+    return stack_node[0]
 
 
 @pytest.fixture(scope='module')
@@ -97,6 +94,7 @@ def deployed_run(inventory):
     return runs[-1]
 
 
+@pytest.mark.stack
 def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     p = glm5('status', '--json', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
@@ -135,7 +133,7 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     p = glm5('status', inventory=inventory)
     assert p.returncode == 0, p.stderr
     assert p.out.startswith(NAME + ': HEALTHY\n'), p.out
-    for text in ('container   CT 199 on pve1: running, up ', 'unit        glm5-sglang active (running) since ',
+    for text in ('container   CT {0} on pve1: running, up '.format(VMID), 'unit        glm5-sglang active (running) since ',
                  'health      /health_generate 200 in ', 'sglang      0.5.12.post1, profile seed-validated, flags ' +
                  meta['flags_sha256'][:12], 'patches     ' + manifest['patches'][0]['name'],
                  'driver      host kernel module 580.95.05 (open) | container userspace 580.95.05 (CUDA 13.0)',
@@ -144,6 +142,7 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     assert 'PROBLEM' not in p.out
 
 
+@pytest.mark.stack
 def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_back(inventory, deployed_run):
     assert ssh('systemctl', 'stop', 'glm5-sglang').returncode == 0
     try:
@@ -173,6 +172,7 @@ def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_bac
     assert ssh('systemctl', 'show', '-p', 'MainPID', '--value', 'glm5-sglang').stdout.strip() != before
 
 
+@pytest.mark.stack
 def test_gpus_and_watch(inventory):
     p = glm5('gpus', '--json', inventory=inventory)
     assert p.returncode == 0, p.stderr
@@ -183,6 +183,7 @@ def test_gpus_and_watch(inventory):
     assert p.out.count('{0}  '.format(NAME)) == 2 and p.out.count('power W / limit') == 2, p.out
 
 
+@pytest.mark.stack
 def test_logs(inventory):
     p = glm5('logs', '--lines', '200', inventory=inventory)
     assert p.returncode == 0, p.stderr
@@ -197,6 +198,7 @@ def test_logs(inventory):
                    NAME, 'journalctl: Failed to parse timestamp')
 
 
+@pytest.mark.stack
 def test_logs_follow_until_ctrl_c(inventory):
     p = subprocess.Popen([GLM5, '-i', inventory, 'logs', '-f', '--lines', '1'], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
@@ -217,14 +219,16 @@ def test_logs_follow_until_ctrl_c(inventory):
     assert p.returncode == 0, p.stderr.read()
 
 
+@pytest.mark.stack
 def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(inventory, deployed_run, tmp_path):
     p = glm5('bench', '--levels', '1,2', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
     lines = p.out.splitlines()
     assert lines[0] == '{0}: the smoke test on demand, concurrency 1, 2'.format(NAME)
     # a bar per level, from bench_serving's own progress in the level's log (2 prompts per concurrent request)
-    assert lines[1].startswith('concurrency     1 [' + '#' * 30 + ']      2/2'), lines[1]
-    assert lines[2].startswith('concurrency     2 [' + '#' * 30 + ']      4/4'), lines[2]
+    one, two = PROMPTS_PER_CONCURRENCY, 2 * PROMPTS_PER_CONCURRENCY
+    assert lines[1].startswith('concurrency     1 [' + '#' * 30 + ']      {0}/{0}'.format(one)), lines[1]
+    assert lines[2].startswith('concurrency     2 [' + '#' * 30 + ']      {0}/{0}'.format(two)), lines[2]
     assert '# Smoke test ' in p.out and ': PASSED' in p.out and 'Report: pve-lab:{0}/'.format(HISTORY) in p.out
     history = json.loads(glm5('history', '--json', inventory=inventory).out)['runs']
     new = history[-1]
@@ -258,6 +262,7 @@ def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(
     assert '| 1 | {0} -> '.format('{0:,.1f}'.format(one['a'])) in p.out and 'Plot: ' + out in p.out
 
 
+@pytest.mark.stack
 def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
     one_line_error(glm5('-n', 'nosuch', 'status', inventory=inventory), 2, "unknown node 'nosuch'", NAME)
     one_line_error(glm5('status', '-n', 'pve-lab', inventory=inventory), 2, "unknown node 'pve-lab'")
@@ -282,12 +287,14 @@ def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
     unknown = write_inventory(tmp_path / 'unknown', extra='          ansible_ssh_common_args: ""\n'
                                                           '          pve_container_known_hosts_file: {0}\n'.format(empty))
     one_line_error(glm5('gpus', inventory=unknown), 1, "cannot reach root@127.0.0.1:{0} over SSH: Server "
-                   "'[127.0.0.1]:{0}' not found in known_hosts".format(20000 + VMID))
+                   "'[127.0.0.1]:{0}' not found in known_hosts".format(NODE['ansible_port']))
 
 
+@pytest.mark.stack
 def test_restart_drains_a_request_in_flight(inventory):
     key = env_file_value(ssh('cat', '/etc/glm5/glm5-sglang.env').stdout, 'SGLANG_API_KEY')
-    body = json.dumps({'model': 'glm-5', 'max_tokens': 40, 'temperature': 0, 'ignore_eos': True,
+    tokens = 40 * SPEED                 # ~5 s at the node's speed: the seeds' single stream is 8.2 tok/s
+    body = json.dumps({'model': 'glm-5', 'max_tokens': tokens, 'temperature': 0, 'ignore_eos': True,
                        'messages': [{'role': 'user', 'content': 'Write a long story.'}]}).encode()
     answer = {}
 
@@ -299,16 +306,17 @@ def test_restart_drains_a_request_in_flight(inventory):
 
     t = threading.Thread(target=ask)
     t.start()
-    time.sleep(1.5)                     # 40 tokens at the seeds' single-stream 8.2 tok/s: ~5 s, still running
+    time.sleep(1.5)                     # still running
     p = glm5('restart', '--json', inventory=inventory)
     t.join(60)
     doc = json.loads(p.out)
     assert p.returncode == 0 and doc['ready'] is True, (p.stdout, p.stderr)
     assert answer.get('status') == 200, answer
-    assert answer['body']['usage']['completion_tokens'] == 40, answer          # finished, not cut off
+    assert answer['body']['usage']['completion_tokens'] == tokens, answer      # finished, not cut off
     assert doc['stopped_after_s'] >= 1.5, doc                                  # the stop waited for it
 
 
+@pytest.mark.stack
 def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inventory):
     # starts in a row, past StartLimitBurst (sglang_service_start_limit_burst: 3 in 20 minutes)
     for _ in range(4):

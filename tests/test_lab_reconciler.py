@@ -197,6 +197,7 @@ class SecondLab(object):
                        capture_output=True)
 
 
+@pytest.mark.lab
 def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
     """PVE writes the config file as part of the create or the change: once the client has seen the task
     end (or the PUT return), killing labd cannot lose it. POLL=60: the reconciler passes only at start."""

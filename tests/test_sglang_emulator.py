@@ -39,12 +39,16 @@ def free_port():
 
 
 class Engine(object):
-    def __init__(self, python, model, faults='', extra=()):
+    def __init__(self, python, model, faults='', extra=(), speed=None):
         self.port = free_port()
         self.url = 'http://127.0.0.1:{0}'.format(self.port)
         argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
                 '--port', str(self.port), '--api-key', KEY, '--tp', '8', '--max-running-requests', '64'] + list(extra)
-        self.proc = subprocess.Popen(argv, env=dict(os.environ, GLM5_EMULATOR_FAULTS=faults),
+        env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults)
+        env.pop('GLM5_EMULATOR_SPEED', None)
+        if speed is not None:
+            env['GLM5_EMULATOR_SPEED'] = str(speed)
+        self.proc = subprocess.Popen(argv, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait(self, path='/health', status=200, timeout=120):
@@ -109,6 +113,24 @@ def test_api_key_and_health(engine):
     assert [m['id'] for m in models['data']] == ['glm-5']
     info = requests.get(engine.url + '/server_info', headers={'Authorization': 'Bearer ' + KEY}, timeout=5).json()
     assert info['version'] == '0.5.12.post1' and info['max_running_requests'] == 64
+
+
+def test_a_key_that_begins_with_a_dash_reaches_the_engine_whole(python, model):
+    """secrets.token_urlsafe gives a key that begins with '-' once in 64: sglang's argparse takes `--api-key -x...`
+    for a missing value and an option; the unit passes --api-key=<key>, which it takes whole."""
+    key = '-dash' + KEY
+    r = subprocess.run([python, EMULATOR, '--model-path', model, '--api-key', key, '--port', '1'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and 'argument --api-key: expected one argument' in r.stderr, r.stderr[-500:]
+    e = Engine(python, model, extra=['--api-key=' + key])
+    try:
+        e.wait()
+        body = {'model': 'glm-5', 'max_tokens': 4, 'messages': [{'role': 'user', 'content': 'What is 2 + 3?'}]}
+        assert e.post('/v1/chat/completions', body, key=KEY).status_code == 401
+        r = e.post('/v1/chat/completions', body, key=key)
+        assert r.status_code == 200, r.text
+    finally:
+        e.stop()
 
 
 def test_probe_answers(engine):
@@ -182,6 +204,41 @@ def test_the_real_bench_serving_runs_against_it(engine, python, model, tmp_path)
     result = json.loads(out.read_text().splitlines()[-1])
     assert result['completed'] == 16
     assert result['total_output_tokens'] > 0 and result['output_throughput'] > 0
+
+
+def single_stream(engine, python, model, tmp_path, prompts=4, output_len=24):
+    """bench_serving at concurrency 1 with fixed lengths: the engine's single-stream pace."""
+    out = tmp_path / 'single.jsonl'
+    r = subprocess.run([python, '-m', 'sglang.bench_serving', '--backend', 'sglang-oai', '--base-url', engine.url,
+                        '--model', 'glm-5', '--tokenizer', model, '--dataset-name', 'random-ids',
+                        '--random-input-len', '256', '--random-output-len', str(output_len),
+                        '--random-range-ratio', '1.0', '--num-prompts', str(prompts), '--max-concurrency', '1',
+                        '--request-rate', 'inf', '--output-file', str(out), '--disable-tqdm'],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OPENAI_API_KEY=KEY))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(out.read_text().splitlines()[-1])
+
+
+def test_the_production_pace_is_the_seeds_single_stream(engine, python, model, tmp_path):
+    """The calibration, at production pace (what make deploy runs): the seeds' single stream is TPOT 121 ms,
+    8.2 output tok/s. The faster test pace (GLM5_EMULATOR_SPEED) is only ever this, divided."""
+    result = single_stream(engine, python, model, tmp_path)
+    assert result['completed'] == 4
+    assert 121.6 * 0.95 <= result['median_tpot_ms'] <= 121.6 * 1.1, result['median_tpot_ms']
+    assert 8.2 * 0.9 <= result['output_throughput'] <= 8.2 * 1.1, result['output_throughput']
+
+
+def test_the_test_speed_divides_the_pace_and_a_bad_one_is_refused(python, model, tmp_path):
+    e = Engine(python, model, speed=8)
+    try:
+        e.wait()
+        result = single_stream(e, python, model, tmp_path, prompts=4, output_len=64)
+        assert 121.6 / 8 * 0.9 <= result['median_tpot_ms'] <= 121.6 / 8 * 1.15, result['median_tpot_ms']
+    finally:
+        e.stop()
+    bad = Engine(python, model, speed='fast')
+    out, err = bad.proc.communicate(timeout=120)
+    assert bad.proc.returncode != 0 and "GLM5_EMULATOR_SPEED must be a number > 0, got 'fast'" in err, err
 
 
 # ---- the smoke test's modules against the emulator (sglang_probe, sglang_bench) ----

@@ -60,11 +60,40 @@ def test_the_defaults_are_usable_and_are_the_seeds_table():
     ({'limits': {1: {'p99_tpot_ms': 'fast'}}}, 'sglang_smoke_limits[1].p99_tpot_ms'),
     ({'limits': [1, 2]}, 'sglang_smoke_limits must map'),
     ({'probes': [{'prompt': 'hi'}]}, 'needs a non-empty prompt and expect'),
+    ({'speed_factor': 0}, 'sglang_smoke_speed_factor must be a number > 0'),
+    ({'speed_factor': 'fast'}, "sglang_smoke_speed_factor must be a number > 0 (1 on a real node"),
 ])
 def test_bad_settings_are_named(change, words):
     cfg = dict(defaults(), **change)
     problems = gs.config_problems(cfg)
     assert any(words in p for p in problems), problems
+
+
+def test_the_lab_test_speed_scales_baseline_and_limits_by_exactly_its_factor():
+    cfg = defaults()
+    assert gs.scaled(cfg) is cfg and gs.scaled(dict(cfg, speed_factor=1)) == dict(cfg, speed_factor=1)
+    fast = gs.scaled(dict(cfg, speed_factor=8))
+    base, limits = gs.by_level(cfg['baseline']), gs.by_level(cfg['limits'])
+    for level, row in gs.by_level(fast['baseline']).items():
+        assert row == {k: v * 8 for k, v in base[level].items()}
+    for level, row in gs.by_level(fast['limits']).items():
+        assert row == {k: v / 8 for k, v in limits[level].items()}
+    assert cfg['baseline'] == defaults()['baseline']                  # the role's own settings are left as they are
+
+
+def test_a_run_at_the_test_speed_is_judged_at_that_speed_and_says_so():
+    """The healthy golden run's records, as if the emulator had run 8x faster: 8x the figures pass the 8x gates;
+    the same figures at production pace fail them (what slow=8 at test speed would give)."""
+    summary, records, _ = load('healthy')
+    cfg = dict(settings_of(summary), speed_factor=8)
+    fast = [dict(r, total_throughput=r['total_throughput'] * 8, output_throughput=r['output_throughput'] * 8,
+                 p99_ttft_ms=r['p99_ttft_ms'] / 8, p99_tpot_ms=r['p99_tpot_ms'] / 8) for r in records]
+    assert all(lv['passed'] for lv in gs.evaluate(summary['sweep'], fast, gs.scaled(cfg)))
+    slow = gs.evaluate(summary['sweep'], records, gs.scaled(cfg))
+    assert not any(lv['passed'] for lv in slow)
+    built = gs.build_summary('r', 't', {}, gs.scaled(cfg), {'passed': True}, slow, {})
+    assert built['settings']['speed_factor'] == 8 and built['baseline']['64'] == {'total_tok_s': 5600}
+    assert 'the engine emulator ran 8x the seeds\' pace' in gs.markdown(built)
 
 
 def test_string_level_keys_from_json_are_levels():
@@ -151,6 +180,9 @@ def test_the_unit_says_what_to_test():
     assert '--api-key' not in u['argv'] and '--disable-radix-cache' in u['argv']
     other = sglang_unit_launch(UNIT.replace('--tp 8', '--tp 4'))
     assert other['flags_sha256'] != u['flags_sha256'] and len(u['flags_sha256']) == 64
+    # the unit as sglang_service writes it now (--api-key=: a key may begin with '-'): the same flag set
+    eq = sglang_unit_launch(UNIT.replace('--api-key ${SGLANG_API_KEY}', '--api-key=${SGLANG_API_KEY}'))
+    assert eq['argv'] == u['argv'] and eq['flags_sha256'] == u['flags_sha256']
 
 
 def test_a_unit_without_a_launch_line_is_refused():

@@ -10,6 +10,8 @@ import pytest
 from siterun import ROOT, site, snapshot
 
 VMID = {'pve_container_vmid': 194, 'ansible_port': 20194}
+# the containers these runs could create or change (the lab inventory's own node, and the two here)
+WATCHED = (120, 194, 195)
 
 
 def free_port():
@@ -53,12 +55,12 @@ def test_bad_input_fails_before_any_change(lab_api, extra, words):
     if extra.get('pve_container_api_port') == 'FREE':
         port = free_port()
         extra, words = dict(extra, pve_container_api_port=port), words.replace('FREE', str(port))
-    before = snapshot(lab_api)
+    before = snapshot(lab_api, WATCHED)
     run = site(dict(VMID, **extra))
     assert run.rc != 0, run
     assert words in run.out, run
     assert 'Finalization of task args' not in run.out and 'HTTPSConnectionPool' not in run.out, run
-    assert snapshot(lab_api) == before
+    assert snapshot(lab_api, WATCHED) == before
 
 
 def two_nodes(tmp_path, b):
@@ -85,7 +87,7 @@ def two_nodes(tmp_path, b):
      'both bind-mount /srv/glm5-lab/bench-history from pve-lab'),
 ])
 def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api, tmp_path, b, words):
-    before = snapshot(lab_api)
+    before = snapshot(lab_api, WATCHED)
     inventory = two_nodes(tmp_path, b)
     for args in ((), ('--check', '--diff'), ('--limit', 'glm5-b')):   # --limit: the other node still counts
         run = site(None, *args, inventory=inventory)
@@ -94,4 +96,4 @@ def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api,
         assert 'fatal: [glm5-b]' in run.raw, run
         if '--limit' not in args:
             assert 'fatal: [glm5-a]' in run.raw, run
-    assert snapshot(lab_api) == before
+    assert snapshot(lab_api, WATCHED) == before

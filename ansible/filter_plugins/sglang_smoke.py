@@ -23,7 +23,11 @@ def sglang_unit_launch(unit_text):
     if len(lines) != 1:
         raise AnsibleFilterError('sglang_unit_launch: the unit has {0} ExecStart= lines, expected one'.format(len(lines)))
     argv = shlex.split(lines[0][len('ExecStart='):])
-    if argv and argv[-2:-1] == ['--api-key']:
+    # the key placeholder: --api-key=${SGLANG_API_KEY} (a generated key may begin with '-', which argparse would take
+    # for an option after a space), or the older --api-key ${SGLANG_API_KEY}; the same flag set either way
+    if argv and argv[-1].startswith('--api-key='):
+        argv = argv[:-1]
+    elif argv and argv[-2:-1] == ['--api-key']:
         argv = argv[:-2]
     opts = {}
     for i, arg in enumerate(argv):

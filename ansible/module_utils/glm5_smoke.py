@@ -97,6 +97,10 @@ def config_problems(cfg):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append('sglang_smoke_{0} must be a whole number >= 1, got {1!r}'.format(key, value))
+    speed = cfg.get('speed_factor', 1)
+    if not _is_number(speed) or not speed > 0 or speed == float('inf'):
+        problems.append('sglang_smoke_speed_factor must be a number > 0 (1 on a real node; the lab\'s test speed '
+                        'of its engine emulator otherwise), got {0!r}'.format(speed))
     tol = cfg.get('tolerance')
     if not _is_number(tol) or not 0.0 < tol <= 1.0:
         problems.append('sglang_smoke_tolerance must be a fraction of the baseline in (0, 1] (0.9: at least 90% of '
@@ -232,6 +236,22 @@ def level_metrics(record, concurrency, prompts):
     return out
 
 
+def scaled(cfg):
+    """The settings with the baseline and the latency limits at the engine's speed: throughputs x speed_factor,
+    latency limits / speed_factor (exactly; 1, a real node, leaves them as they are). Only a lab whose engine
+    emulator runs F times faster than the seeds' pace (GLM5_EMULATOR_SPEED) sets it, so that its tests take 1/F of
+    the time and still judge the run against the seeds' table."""
+    speed = cfg.get('speed_factor', 1) or 1
+    if speed == 1:
+        return cfg
+    out = dict(cfg)
+    out['baseline'] = {level: {k: (v * speed if _is_number(v) else v) for k, v in (row or {}).items()}
+                       for level, row in (cfg.get('baseline') or {}).items()}
+    out['limits'] = {level: {k: (v / speed if _is_number(v) else v) for k, v in (row or {}).items()}
+                     for level, row in (cfg.get('limits') or {}).items()}
+    return out
+
+
 def gate_level(metrics, baseline, limits, tolerance):
     """The gates of one level: [{gate, value, threshold, passed, text}]. Only figures the baseline / limits give
     are gated; a level that produced no result fails."""
@@ -347,7 +367,8 @@ def build_summary(run_id, started, meta, cfg, probe, levels, gpu, phase_note=Non
         'reasons': reasons,
         'meta': meta,
         'settings': {k: cfg.get(k) for k in ('levels', 'input_len', 'output_len', 'range_ratio',
-                                             'prompts_per_concurrency', 'min_prompts', 'tolerance', 'dataset')},
+                                             'prompts_per_concurrency', 'min_prompts', 'tolerance', 'dataset',
+                                             'speed_factor')},
         'baseline': {str(k): v for k, v in sorted(by_level(cfg.get('baseline')).items(), key=lambda kv: str(kv[0]))},
         'limits': {str(k): v for k, v in sorted(by_level(cfg.get('limits')).items(), key=lambda kv: str(kv[0]))},
         'probe': probe,
@@ -371,6 +392,9 @@ def markdown(summary):
     st = s['settings']
     lines.append('random-ids {0} in / {1} out, range ratio {2}, tolerance {3}'.format(
         st.get('input_len'), st.get('output_len'), st.get('range_ratio'), st.get('tolerance')))
+    if (st.get('speed_factor') or 1) != 1:
+        lines.append('Lab test speed: the engine emulator ran {0:g}x the seeds\' pace; the baseline and limits below '
+                     'are scaled by the same factor (not a production figure)'.format(st['speed_factor']))
     lines.append('')
     probe = s.get('probe') or {}
     lines.append('Probe: {0} ({1} prompts)'.format('passed' if probe.get('passed') else 'FAILED',

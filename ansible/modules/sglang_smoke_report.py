@@ -75,6 +75,7 @@ from ansible.module_utils.glm5_smoke import (
     parse_jsonl,
     plot_trend,
     previous_entry,
+    scaled,
     write_report,
 )
 
@@ -104,7 +105,7 @@ def sweep_item(item):
 
 
 def report(p):
-    settings = p['settings']
+    settings = scaled(p['settings'])
     p['sweep'] = [sweep_item(item) for item in p['sweep'] or []]
     run_dir, history = p['run_dir'], p['history_dir']
     records = read_jsonl(os.path.join(run_dir, 'bench.jsonl'))

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Where make test's time goes: each step's wall time, and inside it each test (pytest's JUnit XML) or each
+playbook task (Ansible's junit callback), as a table.
+
+    suite_durations.py step NAME -- COMMAND...   run COMMAND, record its wall time and exit code (steps.jsonl)
+    suite_durations.py table [REPORTS]           the table of the last make test (build/test-reports)
+
+make test records every step this way; `make durations` prints the table. Anything over --limit (300 s) is marked:
+tests/README.md says why each such line is allowed.
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+REPORTS = 'build/test-reports'
+LIMIT = 300.0
+
+
+def cpu_busy():
+    """Seconds of CPU the whole machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open('/proc/stat') as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / float(os.sysconf('SC_CLK_TCK'))
+
+
+def step(name, argv, reports=REPORTS):
+    os.makedirs(reports, exist_ok=True)
+    start, busy = time.time(), cpu_busy()
+    rc = subprocess.call(argv)
+    with open(os.path.join(reports, 'steps.jsonl'), 'a') as fh:
+        fh.write(json.dumps({'step': name, 'start': start, 'end': time.time(), 'rc': rc,
+                             'machine_cpu_s': round(cpu_busy() - busy, 1), 'cores': os.cpu_count()}) + '\n')
+    return rc
+
+
+def read_steps(reports):
+    path = os.path.join(reports, 'steps.jsonl')
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def junit_cases(path):
+    """(suite, case, seconds) of one JUnit XML file (pytest's or Ansible's junit callback)."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == 'testsuite' else root.findall('testsuite')
+    for suite in suites:
+        for case in suite.iter('testcase'):
+            yield suite.get('name') or '', case.get('classname') or '', case.get('name') or '', \
+                float(case.get('time') or 0)
+
+
+def playbook_name(path):
+    """Ansible's junit callback names a file <playbook>-<epoch>.xml."""
+    base = os.path.basename(path)[:-len('.xml')]
+    return base.rsplit('-', 1)[0] if base.rsplit('-', 1)[-1].replace('.', '').isdigit() else base
+
+
+def collect(reports):
+    """{step: [(group, case, seconds)]}: pytest cases grouped by test file, playbook tasks by playbook run."""
+    out = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(reports, '*.xml'))):
+        name = os.path.basename(path)[:-len('.xml')]
+        for _, classname, case, seconds in junit_cases(path):
+            module = classname.split('.')[-1] if classname else '?'
+            group = 'tests/{0}.py'.format(module) if module.startswith('test_') else classname
+            out[name].append((group, case, seconds))
+    for folder in sorted(glob.glob(os.path.join(reports, '*/'))):
+        name = os.path.basename(folder.rstrip('/'))
+        runs = collections.Counter()
+        for path in sorted(glob.glob(os.path.join(folder, '*.xml')), key=os.path.getmtime):
+            play = playbook_name(path)
+            runs[play] += 1
+            label = play if runs[play] == 1 else '{0} (run {1})'.format(play, runs[play])
+            for _, _classname, case, seconds in junit_cases(path):
+                out[name].append((label, case, seconds))
+    return out
+
+
+def fmt(seconds):
+    return '{0:d}:{1:02d}'.format(int(seconds) // 60, int(round(seconds)) % 60) if seconds >= 60 else \
+        '{0:.1f}s'.format(seconds)
+
+
+def table(reports, limit=LIMIT, top=12):
+    steps = read_steps(reports)
+    cases = collect(reports)
+    lines = []
+    if steps:
+        t0, t1 = min(s['start'] for s in steps), max(s['end'] for s in steps)
+        lines.append('make test: {0} wall, {1} steps{2}'.format(
+            fmt(t1 - t0), len(steps), '' if all(s['rc'] == 0 for s in steps) else ' (some FAILED)'))
+        lines.append('')
+        lines.append('The machine\'s CPU during a step counts every lane running beside it: a step at 100 % of {0} cores '
+                     'waited for CPU, not for the lab.'.format(steps[0].get('cores', '?')))
+        lines.append('')
+        lines.append('| step | starts at | wall | rc | machine CPU busy | inside (top groups) |')
+        lines.append('|---|---:|---:|---:|---:|---|')
+        for s in steps:
+            inside = collections.Counter()
+            for group, _, seconds in cases.get(s['step'], []):
+                inside[group] += seconds
+            top_groups = ', '.join('{0} {1}'.format(g, fmt(v)) for g, v in inside.most_common(3))
+            mark = ' **over {0}**'.format(fmt(limit)) if s['end'] - s['start'] > limit else ''
+            wall = max(s['end'] - s['start'], 0.001)
+            busy = '{0:.0f} %'.format(100.0 * s['machine_cpu_s'] / wall / s['cores']) if 'machine_cpu_s' in s else '-'
+            lines.append('| {0} | +{1} | {2}{3} | {4} | {5} | {6} |'.format(
+                s['step'], fmt(s['start'] - t0), fmt(wall), mark, s['rc'], busy, top_groups))
+        lines.append('')
+    groups = collections.Counter()
+    for name, items in cases.items():
+        for group, _, seconds in items:
+            groups[(name, group)] += seconds
+    if groups:
+        lines.append('| step | test file / playbook run | time |')
+        lines.append('|---|---|---:|')
+        for (name, group), seconds in sorted(groups.items(), key=lambda kv: -kv[1]):
+            mark = ' **over {0}**'.format(fmt(limit)) if seconds > limit else ''
+            lines.append('| {0} | {1} | {2}{3} |'.format(name, group, fmt(seconds), mark))
+        lines.append('')
+        every = sorted(((seconds, name, group, case) for name, items in cases.items()
+                        for group, case, seconds in items), reverse=True)
+        lines.append('Slowest {0} tests / tasks:'.format(top))
+        lines.append('')
+        lines.append('| time | step | where | test / task |')
+        lines.append('|---:|---|---|---|')
+        for seconds, name, group, case in every[:top]:
+            lines.append('| {0} | {1} | {2} | {3} |'.format(fmt(seconds), name, group, case.replace('|', '/')))
+    if not lines:
+        lines.append('no measurements in {0}: run make test'.format(reports))
+    return '\n'.join(lines)
+
+
+def main(argv):
+    if argv[:1] == ['step']:
+        if '--' not in argv or argv.index('--') != 2:
+            print('usage: suite_durations.py step NAME -- COMMAND...', file=sys.stderr)
+            return 2
+        return step(argv[1], argv[3:], os.environ.get('GLM5_TEST_REPORTS', REPORTS))
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    sub = parser.add_subparsers(dest='cmd', required=True)
+    t = sub.add_parser('table', help='the table of the last make test')
+    t.add_argument('reports', nargs='?', default=REPORTS)
+    t.add_argument('--limit', type=float, default=LIMIT, help='mark anything longer (seconds)')
+    args = parser.parse_args(argv)
+    print(table(args.reports, args.limit))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

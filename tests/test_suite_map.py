@@ -1,0 +1,115 @@
+"""The suite's own map holds: tests/checks.md lists every check where make test runs it, and the two lanes that run
+side by side never share a container id, a port or a bench history (tests/README.md)."""
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+from siterun import ROOT
+
+# Which lane runs each Molecule scenario's node (the Makefile's lane-stack and lane-ct).
+LANES = {'default': 'stack', 'pve_container': 'ct', 'nvidia_host_driver': 'ct'}
+# Containers the pytest tests of the container-stage lane make through the API themselves (besides the lane nodes).
+OWN_VMIDS = {'tests/test_site_validation.py': 'ct', 'tests/test_lab_reconciler.py': 'ct'}
+
+
+def load(path):
+    with open(os.path.join(ROOT, path)) as fh:
+        return yaml.safe_load(fh)
+
+
+def lab_defaults():
+    return load('inventories/lab/group_vars/inference_nodes.yml')
+
+
+def lane_nodes():
+    """[(lane, scenario, node, hostvars)] of every node a Molecule scenario's own inventory holds."""
+    out = []
+    for scenario in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
+        hosts = os.path.join('molecule', scenario, 'inventory', 'hosts.yml')
+        if os.path.exists(os.path.join(ROOT, hosts)):
+            for node, hv in load(hosts)['all']['children']['inference_nodes']['hosts'].items():
+                out.append((LANES[scenario], scenario, node, hv))
+    return out
+
+
+def test_every_scenario_shares_a_lane_node_or_has_its_own_inventory():
+    for scenario in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
+        path = os.path.join('molecule', scenario, 'molecule.yml')
+        if not os.path.exists(os.path.join(ROOT, path)):
+            continue
+        hosts = load(path)['provisioner']['inventory']['links']['hosts']
+        owner = os.path.normpath(os.path.join('molecule', scenario, hosts)).split(os.sep)[1]
+        assert owner in LANES, '{0} uses the inventory of {1}, which no lane runs'.format(scenario, owner)
+
+
+def test_the_lanes_share_no_container_id_port_or_bench_history():
+    defaults = lab_defaults()
+    used = {}                       # (kind, value) -> lane
+
+    def claim(kind, value, lane, who):
+        other = used.setdefault((kind, value), (lane, who))
+        assert other[0] == lane, '{0} {1} is used by {2} ({3}) and {4} ({5})'.format(
+            kind, value, who, lane, other[1], other[0])
+
+    for lane, _scenario, node, hv in lane_nodes():
+        vmid = hv['pve_container_vmid']
+        claim('vmid', vmid, lane, node)
+        claim('ssh port', hv['ansible_port'], lane, node)
+        claim('service port', 30000 + vmid, lane, node)        # the lab's sglang_service_port
+        claim('bench history', hv.get('pve_container_bench_history_dir',
+                                      defaults['pve_container_bench_history_dir']), lane, node)
+    for path, lane in OWN_VMIDS.items():
+        with open(os.path.join(ROOT, path)) as fh:
+            text = fh.read()
+        found = {int(v) for v in re.findall(r"(?:vmid['\"]?\s*[:=]\s*|vmid, node = )(\d{3})", text)}
+        assert found, 'no container id found in {0}'.format(path)
+        for vmid in found:
+            claim('vmid', vmid, lane, path)
+    # make deploy's node (the lab inventory's) is no lane's
+    lab = load('inventories/lab/hosts.yml')['all']['children']['inference_nodes']['hosts']
+    for node, hv in lab.items():
+        assert ('vmid', hv['pve_container_vmid']) not in used, node
+        assert ('bench history', defaults['pve_container_bench_history_dir']) not in used, \
+            "a lane writes into make deploy's bench history"
+
+
+def test_the_full_stack_node_runs_at_the_test_speed_and_make_deploy_at_the_seeds():
+    defaults = lab_defaults()
+    assert defaults['lab_emulator_speed'] == 1
+    assert defaults['sglang_smoke_speed_factor'] == '{{ lab_emulator_speed }}'
+    assert defaults['lab_sglang_service_env'] == {'GLM5_EMULATOR_SPEED': '{{ lab_emulator_speed }}'}
+    stack = [hv for lane, _, _, hv in lane_nodes() if lane == 'stack']
+    assert stack and all(hv['lab_emulator_speed'] > 1 and 'sglang_smoke_speed_factor' not in hv for hv in stack)
+
+
+def test_checks_md_lists_every_check_where_it_runs():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'suite_checks.py')], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(ROOT, 'tests', 'checks.md')) as fh:
+        assert fh.read() == r.stdout, 'tests/checks.md is not current: run scripts/suite_checks.py --write'
+    assert '| make check (and make test) |' in r.stdout and '| make test: full-stack lane' in r.stdout
+
+
+def test_the_durations_table_adds_up_steps_tests_and_tasks(tmp_path):
+    """scripts/suite_durations.py: a step is timed as it runs; the table sums pytest's and Ansible's JUnit XML per
+    step, and marks what runs longer than the limit."""
+    script = os.path.join(ROOT, 'scripts', 'suite_durations.py')
+    env = dict(os.environ, GLM5_TEST_REPORTS=str(tmp_path))
+    r = subprocess.run([sys.executable, script, 'step', 'quick', '--', 'sh', '-c', 'exit 3'], env=env, timeout=60)
+    assert r.returncode == 3                          # the step's own exit code
+    (tmp_path / 'quick.xml').write_text(
+        '<testsuites><testsuite name="pytest"><testcase classname="tests.test_a" name="test_x" time="400.5"/>'
+        '<testcase classname="tests.test_a" name="test_y" time="1.5"/></testsuite></testsuites>')
+    (tmp_path / 'quick').mkdir()
+    (tmp_path / 'quick' / 'converge-1796000000.5.xml').write_text(
+        '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Play: task" time="12.0"/>'
+        '</testsuite></testsuites>')
+    out = subprocess.run([sys.executable, script, 'table', str(tmp_path)], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert '| quick | +0.0s |' in out and '| 3 |' in out and '(some FAILED)' in out, out
+    assert '| quick | tests/test_a.py | 6:42 **over 5:00** |' in out, out
+    assert '| quick | converge | 12.0s |' in out, out
+    assert out.index('test_x') < out.index('Play: task'), out          # slowest first
