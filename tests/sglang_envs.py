@@ -1,6 +1,7 @@
 """Throwaway SGLang environments for tests: each profile's lock installed (uv, --require-hashes) into a venv
 under /var/cache/glm5-lab/sglang-venvs, hard-linked from the lab's wheel cache (the host side of the containers'
 SGLang cache mount), keyed by the lock's hash. Needs PyPI or the warm cache; ~1 min per profile the first time."""
+import fcntl
 import hashlib
 import os
 import shutil
@@ -44,9 +45,18 @@ def environment(name):
     if name in _envs:
         return _envs[name]
     profile = load(name)
-    lock = os.path.join(PROFILES, name, profile['lock'])
-    venv = os.path.join(VENVS, '{0}-{1}'.format(name, sha256(lock)[:12]))
+    lock_file = os.path.join(PROFILES, name, profile['lock'])
+    venv = os.path.join(VENVS, '{0}-{1}'.format(name, sha256(lock_file)[:12]))
     env = dict(os.environ, UV_CACHE_DIR=lab_wheel_cache(), UV_LINK_MODE='hardlink', UV_NO_PROGRESS='1')
+    os.makedirs(VENVS, exist_ok=True)
+    with open(os.path.join(VENVS, '.{0}.lock'.format(name)), 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # pytest-xdist workers: one builds, the others wait for it
+        _build(name, profile, lock_file, venv, env)
+    _envs[name] = (profile, venv)
+    return _envs[name]
+
+
+def _build(name, profile, lock, venv, env):
     if not os.path.exists(os.path.join(venv, '.glm5-complete')):
         shutil.rmtree(venv, ignore_errors=True)
         for old in os.listdir(VENVS) if os.path.isdir(VENVS) else []:
@@ -58,5 +68,3 @@ def environment(name):
                             lock], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         open(os.path.join(venv, '.glm5-complete'), 'w').close()
-    _envs[name] = (profile, venv)
-    return _envs[name]

@@ -82,13 +82,31 @@ def engine(python, model):
     e.stop()
 
 
+@pytest.fixture(scope='module')
+def started():
+    """Emulators by how they were started, kept for the module (each start imports sglang: ~10 s of CPU)."""
+    engines = {}
+    yield engines
+    for e in engines.values():
+        e.stop()
+
+
 @pytest.fixture
-def special(python, model, request):
-    """An emulator of its own, started as the test's `engine` marker says (faults, extra arguments)."""
-    e = Engine(python, model, **request.node.get_closest_marker('engine').kwargs)
-    e.wait()
-    yield e
-    e.stop()
+def special(python, model, request, started):
+    """An emulator started as the test's `engine` marker says (faults, extra arguments); one that crashes by design
+    is the test's own, the others are shared by the tests that ask for the same."""
+    kwargs = request.node.get_closest_marker('engine').kwargs
+    key = repr(sorted(kwargs.items()))
+    if 'crash' in kwargs.get('faults', ''):
+        e = Engine(python, model, **kwargs)
+        e.wait()
+        yield e
+        e.stop()
+        return
+    if key not in started or started[key].proc.poll() is not None:
+        started[key] = Engine(python, model, **kwargs)
+        started[key].wait()
+    yield started[key]
 
 
 def ask(engine, question, **extra):
