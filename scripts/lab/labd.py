@@ -16,7 +16,7 @@ so whatever a client has seen finish survives a kill; a restart puts those conta
 Environment (a second instance, e.g. a test's, sets all three):
     GLM5_LAB_STATE      state directory (default: lab_state_dir in inventories/lab/group_vars/all.yml)
     GLM5_LAB_PORT       the API port on 127.0.0.1 (default 8006)
-    GLM5_LAB_POLL       seconds between reconcile passes (default 1: each pass asks the API about every container)
+    GLM5_LAB_POLL       seconds between reconcile passes (default 0.5)
     GLM5_LAB_FILES_PORT the lab's download site on 127.0.0.1 (default 8480; 0: none): <state>/www read-only,
                         plain HTTP, where the lab puts what real hosts download (NVIDIA's apt repository)
     GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default: lab_template_dir in the same file)
@@ -76,7 +76,7 @@ HOST, NODE = '127.0.0.1', 'pve1'
 PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
 SSH_PORT_BASE = 20000          # a lab container's sshd listens on 127.0.0.1:(20000 + vmid)
 FORBIDDEN_PORTS = {2024}       # taken on these machines by a process that is not ours
-POLL = float(os.environ.get('GLM5_LAB_POLL', '1'))  # seconds between reconcile passes
+POLL = float(os.environ.get('GLM5_LAB_POLL', '0.5'))  # seconds between reconcile passes
 FILES_PORT = int(os.environ.get('GLM5_LAB_FILES_PORT', '8480'))
 PVE_START_SECS = 2             # PVE seconds a start task takes: the window in which start_error is decided
 PVE_CREATE_SECS = 2
