@@ -49,14 +49,11 @@ def lab_node_inventory(tmp_path_factory, scenario):
     """An inventory for one of make test's lane nodes, as its Molecule scenario sees it: the scenario's hosts file
     (molecule/<scenario>/inventory/hosts.yml, the one place its vmid and ports are written) and the lab's group_vars.
     -> (inventory path, node name, host variables)."""
-    import yaml
-    hosts = os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')
+    from siterun import scenario_nodes
     path = tmp_path_factory.mktemp(scenario + '-inventory')
-    os.symlink(hosts, str(path / 'hosts.yml'))
+    os.symlink(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml'), str(path / 'hosts.yml'))
     os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
-    with open(hosts) as fh:
-        nodes = yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']
-    (name, hostvars), = nodes.items()
+    (name, hostvars), = scenario_nodes(scenario).items()
     return str(path), name, hostvars
 
 

@@ -59,10 +59,9 @@ def environment(name):
 def _build(name, profile, lock, venv, env):
     if not os.path.exists(os.path.join(venv, '.glm5-complete')):
         shutil.rmtree(venv, ignore_errors=True)
-        for old in os.listdir(VENVS) if os.path.isdir(VENVS) else []:
+        for old in os.listdir(VENVS):                 # environment() made VENVS
             if old.startswith(name + '-'):
                 shutil.rmtree(os.path.join(VENVS, old), ignore_errors=True)
-        os.makedirs(VENVS, exist_ok=True)
         subprocess.run([UV, 'venv', '--quiet', '--python', profile['python'], venv], check=True, env=env)
         r = subprocess.run([UV, 'pip', 'sync', '--require-hashes', '--python', os.path.join(venv, 'bin', 'python'),
                             lock], capture_output=True, text=True, env=env)

@@ -43,3 +43,11 @@ def snapshot(api, vmids):
     node = api.nodes('pve1')
     return {int(c['vmid']): (node.lxc(c['vmid']).config.get()['digest'], c['status']) for c in node.lxc.get()
             if int(c['vmid']) in vmids}
+
+
+def scenario_nodes(scenario):
+    """{node: host variables} of the inference nodes in a Molecule scenario's own inventory
+    (molecule/<scenario>/inventory/hosts.yml: the one place a lane node's vmid and ports are written)."""
+    import yaml
+    with open(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')) as fh:
+        return yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']

@@ -14,13 +14,11 @@ import urllib.request
 
 import labd
 import pytest
-import yaml
 from sglang_smoke import env_file_value
-from siterun import ROOT, site
+from siterun import ROOT, scenario_nodes, site
 
 GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
-with open(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts.yml')) as _fh:
-    (NAME, NODE), = yaml.safe_load(_fh)['all']['children']['inference_nodes']['hosts'].items()
+(NAME, NODE), = scenario_nodes('default').items()
 VMID = NODE['pve_container_vmid']
 HISTORY = NODE['pve_container_bench_history_dir']
 SPEED = NODE['lab_emulator_speed']

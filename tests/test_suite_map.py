@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import yaml
-from siterun import ROOT
+from siterun import ROOT, scenario_nodes
 
 # Which lane runs each Molecule scenario's node (the Makefile's lane-stack and lane-ct).
 LANES = {'default': 'stack', 'pve_container': 'ct', 'nvidia_host_driver': 'ct'}
@@ -27,9 +27,8 @@ def lane_nodes():
     """[(lane, scenario, node, hostvars)] of every node a Molecule scenario's own inventory holds."""
     out = []
     for scenario in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
-        hosts = os.path.join('molecule', scenario, 'inventory', 'hosts.yml')
-        if os.path.exists(os.path.join(ROOT, hosts)):
-            for node, hv in load(hosts)['all']['children']['inference_nodes']['hosts'].items():
+        if os.path.exists(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')):
+            for node, hv in scenario_nodes(scenario).items():
                 out.append((LANES[scenario], scenario, node, hv))
     return out
 
