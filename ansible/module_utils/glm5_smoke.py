@@ -649,7 +649,9 @@ def plot_throughput(summary, previous, path):
         bl = sorted((c, b[key]) for c, b in base.items() if isinstance(c, int) and (b or {}).get(key))
         if bl:
             tol = summary['settings'].get('tolerance') or 1
-            ax.plot([c for c, _ in bl], [v for _, v in bl], 's--', color='tab:gray', label='baseline (seeds)')
+            speed = (summary.get('settings') or {}).get('speed_factor') or 1
+            ax.plot([c for c, _ in bl], [v for _, v in bl], 's--', color='tab:gray',
+                    label='baseline (seeds)' if speed == 1 else 'baseline (seeds) x {0:g}, lab test speed'.format(speed))
             ax.plot([c for c, _ in bl], [v * tol for _, v in bl], ':', color='tab:orange',
                     label='gate (baseline x {0:g})'.format(tol))
         _previous_and_axes(ax, previous, key, label)
