@@ -18,6 +18,7 @@ REPORTS := build/test-reports
 step = $(PY) scripts/suite_durations.py step $(1) -- $(2)
 # The playbooks' per-task times, as JUnit XML (Ansible's own junit callback), in the step's folder.
 ansible_junit = ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit,ansible.posix.timer JUNIT_OUTPUT_DIR=$(abspath $(REPORTS))/$(1)
+failed = { $(PY) scripts/suite_durations.py failed $(REPORTS); exit 1; }
 PYTEST = env GLM5_LAB=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=10
 
 .PHONY: deploy test check venv lab-up lab-down lab-purge lint unit lanes lane-stack lane-ct \
@@ -28,11 +29,12 @@ deploy: venv lab-up  ## venv (with .venv/bin/glm5) + lab + site.yml
 
 # Everything, as CI runs it: lint and the no-lab tests beside bringing the lab up, then the two lanes side by side
 # (the full-stack node and the container-stage node), then the checks that change the lab host itself, alone.
+# A failure ends with what failed: the failed steps, their failed tests and tasks, the end of their logs.
 test: venv
 	rm -rf $(REPORTS) && mkdir -p $(REPORTS)
-	$(MAKE) --no-print-directory -j2 check lab-up
-	$(MAKE) --no-print-directory -j2 --output-sync=target lanes
-	$(MAKE) --no-print-directory host-checks
+	$(MAKE) --no-print-directory -j2 check lab-up || $(failed)
+	$(MAKE) --no-print-directory -j2 --output-sync=target lanes || $(failed)
+	$(MAKE) --no-print-directory host-checks || $(failed)
 	$(MAKE) --no-print-directory durations
 
 # The quick loop (<= 3 minutes): lint + every test that needs no lab.
@@ -75,12 +77,13 @@ lanes: lane-stack lane-ct
 
 # The full-stack node (molecule/default's, vmid 192), deployed once: site.yml, changed=0 on the second run, every
 # role's verify and the smoke test's fault modes (molecule/default/verify.yml), then the ops command against it.
-# A failed run leaves the node for a look; the next run destroys it first.
+# A failed run leaves the node for a look; the next run destroys it first and resets the Molecule state of every
+# scenario of the lane (a scenario that still thinks it was created and prepared would skip building the node).
 lane-stack: venv
-	$(call step,stack-destroy-old,$(MOLECULE) destroy -s default)
+	$(call step,stack-destroy-old,bash -c '$(MOLECULE) destroy -s default && $(MOLECULE) reset -s default')
 	$(call step,stack-molecule,env GLM5_LAB=1 $(call ansible_junit,stack-molecule) \
 		$(MOLECULE) test -s default --destroy=never)
-	$(call step,stack-pytest,$(PYTEST) -m stack --junitxml=$(REPORTS)/stack.xml)
+	$(call step,stack-pytest,$(PYTEST) -m stack --junitxml=$(REPORTS)/stack-pytest.xml)
 	$(call step,stack-destroy,$(MOLECULE) destroy -s default)
 
 # The container-stage node (molecule/pve_container's, vmid 190): container_base, gpu_container and pve_container
@@ -88,19 +91,20 @@ lane-stack: venv
 # it stays up for host-checks. Then the host-driver scenario (its own two containers), the other lab tests and the
 # tests that install each profile's sglang on this machine.
 lane-ct: venv
-	$(call step,ct-destroy-old,$(MOLECULE) destroy -s pve_container)
+	$(call step,ct-destroy-old,bash -c '$(MOLECULE) destroy -s pve_container && \
+		$(MOLECULE) reset -s container_base -s gpu_container -s pve_container')
 	$(call step,ct-molecule,env GLM5_LAB=1 $(call ansible_junit,ct-molecule) \
 		$(MOLECULE) test -s container_base -s gpu_container -s pve_container --destroy=never)
-	$(call step,ct-pytest,$(PYTEST) -m ct --junitxml=$(REPORTS)/ct.xml)
+	$(call step,ct-pytest,$(PYTEST) -m ct --junitxml=$(REPORTS)/ct-pytest.xml)
 	$(call step,host-driver-molecule,env GLM5_LAB=1 $(call ansible_junit,host-driver-molecule) \
 		$(MOLECULE) test -s nvidia_host_driver)
-	$(call step,lab-pytest,$(PYTEST) -m 'lab and not stack and not ct and not host' --junitxml=$(REPORTS)/lab.xml)
-	$(call step,sglang-pytest,$(PYTEST) -m 'sglang' -n 2 --dist loadfile --junitxml=$(REPORTS)/sglang.xml)
+	$(call step,lab-pytest,$(PYTEST) -m 'lab and not stack and not ct and not host' --junitxml=$(REPORTS)/lab-pytest.xml)
+	$(call step,sglang-pytest,$(PYTEST) -m 'sglang' -n 2 --dist loadfile --junitxml=$(REPORTS)/sglang-pytest.xml)
 
 # Checks that change the lab host itself (a GPU device node moved away): run alone, after the lanes, on the
 # container-stage node, which is then destroyed.
 host-checks: venv
-	$(call step,host-pytest,$(PYTEST) -m host --junitxml=$(REPORTS)/host.xml)
+	$(call step,host-pytest,$(PYTEST) -m host --junitxml=$(REPORTS)/host-pytest.xml)
 	$(call step,ct-destroy,$(MOLECULE) destroy -s pve_container)
 
 # The measurements of the last make test, as a table (tests/README.md keeps the numbers of record).

@@ -2,8 +2,11 @@
 """Where make test's time goes: each step's wall time, and inside it each test (pytest's JUnit XML) or each
 playbook task (Ansible's junit callback), as a table.
 
-    suite_durations.py step NAME -- COMMAND...   run COMMAND, record its wall time and exit code (steps.jsonl)
+    suite_durations.py step NAME -- COMMAND...   run COMMAND, record its wall time and exit code (steps.jsonl),
+                                                 its output also kept in logs/NAME.log
     suite_durations.py table [REPORTS]           the table of the last make test (build/test-reports)
+    suite_durations.py failed [REPORTS]          what failed: each failed step, the failed tests and tasks, and
+                                                 the end of the step's log (make test prints it when it fails)
 
 make test records every step this way; `make durations` prints the table. Anything over --limit (300 s) is marked:
 tests/README.md says why each such line is allowed.
@@ -13,6 +16,7 @@ import collections
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +24,7 @@ import xml.etree.ElementTree as ET
 
 REPORTS = 'build/test-reports'
 LIMIT = 300.0
+ANSI = re.compile(r'\x1b\[[0-9;]*[A-Za-z]')
 
 
 def cpu_busy():
@@ -30,9 +35,17 @@ def cpu_busy():
 
 
 def step(name, argv, reports=REPORTS):
-    os.makedirs(reports, exist_ok=True)
+    """Run argv, its output passed through and kept in logs/<name>.log; record wall time, exit code and CPU."""
+    os.makedirs(os.path.join(reports, 'logs'), exist_ok=True)
     start, busy = time.time(), cpu_busy()
-    rc = subprocess.call(argv)
+    with open(os.path.join(reports, 'logs', name + '.log'), 'wb') as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = sys.stdout.buffer
+        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b''):
+            out.write(chunk)
+            out.flush()
+            log.write(chunk)
+        rc = proc.wait()
     with open(os.path.join(reports, 'steps.jsonl'), 'a') as fh:
         fh.write(json.dumps({'step': name, 'start': start, 'end': time.time(), 'rc': rc,
                              'machine_cpu_s': round(cpu_busy() - busy, 1), 'cores': os.cpu_count()}) + '\n')
@@ -138,6 +151,40 @@ def table(reports, limit=LIMIT, top=12):
     return '\n'.join(lines)
 
 
+def failures(path):
+    """(case, first line of the message) of each failed or errored case of one JUnit XML file."""
+    root = ET.parse(path).getroot()
+    for case in root.iter('testcase'):
+        for bad in list(case.findall('failure')) + list(case.findall('error')):
+            text = (bad.get('message') or bad.text or '').strip()
+            where = case.get('classname') or ''
+            yield '{0}::{1}'.format(where, case.get('name')) if where else case.get('name'), \
+                (text.splitlines() or [''])[0][:300]
+
+
+def failed(reports, tail=60):
+    """What failed in the last make test: each failed step, its failed tests / tasks, the end of its log."""
+    steps = [s for s in read_steps(reports) if s['rc'] != 0]
+    lines = []
+    for s in steps:
+        lines.append('FAILED step {0} (exit {1}, after {2})'.format(s['step'], s['rc'], fmt(s['end'] - s['start'])))
+        xmls = glob.glob(os.path.join(reports, s['step'] + '.xml')) + \
+            sorted(glob.glob(os.path.join(reports, s['step'], '*.xml')), key=os.path.getmtime)
+        for path in xmls:
+            for case, message in failures(path):
+                lines.append('  failed: {0}: {1}'.format(case, message))
+        log = os.path.join(reports, 'logs', s['step'] + '.log')
+        if os.path.exists(log):
+            with open(log, 'rb') as fh:
+                end = fh.read().decode('utf-8', 'replace').splitlines()[-tail:]
+            lines.append('  the last {0} lines of {1}:'.format(len(end), log))
+            lines.extend('  | ' + ANSI.sub('', line) for line in end)
+        lines.append('')
+    if not steps:
+        lines.append('no failed step recorded in {0}'.format(reports))
+    return '\n'.join(lines)
+
+
 def main(argv):
     if argv[:1] == ['step']:
         if '--' not in argv or argv.index('--') != 2:
@@ -149,8 +196,11 @@ def main(argv):
     t = sub.add_parser('table', help='the table of the last make test')
     t.add_argument('reports', nargs='?', default=REPORTS)
     t.add_argument('--limit', type=float, default=LIMIT, help='mark anything longer (seconds)')
+    f = sub.add_parser('failed', help='what failed in the last make test')
+    f.add_argument('reports', nargs='?', default=REPORTS)
+    f.add_argument('--tail', type=int, default=60, help='lines of each failed step\'s log')
     args = parser.parse_args(argv)
-    print(table(args.reports, args.limit))
+    print(table(args.reports, args.limit) if args.cmd == 'table' else failed(args.reports, args.tail))
     return 0
 
 

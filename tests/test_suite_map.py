@@ -112,3 +112,44 @@ def test_the_durations_table_adds_up_steps_tests_and_tasks(tmp_path):
     assert '| quick | tests/test_a.py | 6:42 **over 5:00** |' in out, out
     assert '| quick | converge | 12.0s |' in out, out
     assert out.index('test_x') < out.index('Play: task'), out          # slowest first
+
+
+def test_each_lane_resets_the_molecule_state_of_the_scenarios_it_keeps_a_node_for():
+    """A scenario whose Molecule state still says created/prepared (an earlier run, another checkout of the same path)
+    skips building the node under --destroy=never and fails on a node that is not there: CI failed so at 85eb5b2."""
+    for lane in ('lane-stack', 'lane-ct'):
+        dry = subprocess.run(['make', '-n', '--no-print-directory', lane], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        reset = set()
+        for line in dry.stdout.splitlines():
+            for command in re.split(r'&&|;', line):
+                scenarios = set(re.findall(r'-s (\w+)', command))
+                if re.search(r'molecule reset\b', command):
+                    reset |= scenarios
+                if re.search(r'molecule test\b', command) and '--destroy=never' in command:
+                    assert scenarios and scenarios <= reset, \
+                        '{0}: {1} not reset before `molecule test --destroy=never`'.format(lane, scenarios - reset)
+
+
+def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp_path):
+    """make test prints `suite_durations.py failed` when it fails: CI shows only the end of the output, and with the
+    lanes' output kept together (--output-sync) the failed lane's lines are not at the end."""
+    script = os.path.join(ROOT, 'scripts', 'suite_durations.py')
+    env = dict(os.environ, GLM5_TEST_REPORTS=str(tmp_path))
+    r = subprocess.run([sys.executable, script, 'step', 'ok', '--', 'echo', 'fine'], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == 'fine\n'                     # passed through as it runs
+    r = subprocess.run([sys.executable, script, 'step', 'bad', '--', 'sh', '-c',
+                        'seq 1 100; printf "\\033[31mTASK failed: no such host\\033[0m\\n" >&2; exit 2'],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and 'TASK failed' in r.stdout
+    (tmp_path / 'bad').mkdir()
+    (tmp_path / 'bad' / 'converge-1796000000.5.xml').write_text(
+        '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Converge: the task" time="1.0">'
+        '<failure message="unreachable: glm5-molecule-ct">details</failure></testcase></testsuite></testsuites>')
+    out = subprocess.run([sys.executable, script, 'failed', str(tmp_path), '--tail', '5'], capture_output=True,
+                         text=True, timeout=60).stdout
+    assert 'FAILED step bad (exit 2' in out and 'FAILED step ok' not in out, out
+    assert 'failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct' in out, out
+    assert '  | TASK failed: no such host' in out and '  | 97' in out and '  | 96' not in out, out   # no colours
