@@ -339,3 +339,41 @@ def test_the_bench_module_reports_a_crash_as_lost_requests(special, python, mode
 def test_the_bench_module_without_nvidia_smi_says_so(engine, python, model, tmp_path, capsys):
     out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='nvidia-smi-not-here')
     assert out['samples'] == 0 and 'no GPU samples' in out['gpu_note']
+
+
+PARSE = '''
+import importlib.machinery, importlib.util, json, sys
+loader = importlib.machinery.SourceFileLoader('emulator', sys.argv[1])
+spec = importlib.util.spec_from_loader('emulator', loader)
+emulator = importlib.util.module_from_spec(spec)
+loader.exec_module(emulator)
+if sys.argv[3] == 'other-sglang':
+    emulator.parser_identity = lambda: ('0.0.0', 'another server_args.py')
+args = emulator.parse_args(json.loads(sys.argv[4]), sys.argv[2])
+print(json.dumps({'imported': 'sglang.srt.server_args' in sys.modules, 'args': vars(args)}))
+'''
+
+
+def test_a_restart_with_the_flags_it_parsed_before_skips_the_import(python, model, tmp_path):
+    """The emulator's parse cache: sglang's parser once per argv (less the key and port) and sglang; never the key;
+    a refused argv is never kept; another sglang parses again."""
+    cache = str(tmp_path / 'cache')
+
+    def parse(argv, mode='same'):
+        r = subprocess.run([python, '-c', PARSE, EMULATOR, cache, mode, json.dumps(argv)], capture_output=True,
+                           text=True, timeout=300)
+        return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else r.stderr)
+
+    argv = ['--model-path', model, '--tp', '8', '--max-running-requests', '64', '--api-key=-secret-1', '--port', '31001']
+    rc, first = parse(argv)
+    assert rc == 0 and first['imported'] and first['args']['api_key'] == '-secret-1', first
+    kept = os.listdir(cache)
+    assert len(kept) == 1 and '-secret-1' not in open(os.path.join(cache, kept[0])).read()
+    rc, again = parse(argv[:-3] + ['--api-key', 'other', '--port=31002'])
+    assert rc == 0 and not again['imported'], again
+    assert again['args'] == dict(first['args'], api_key='other', port=31002)
+    assert again['args']['tensor_parallel_size'] == 8 and again['args']['max_running_requests'] == 64
+    rc, refused = parse(argv + ['--dsa-decode-backend', 'x'])
+    assert rc == 2 and 'unrecognized arguments: --dsa-decode-backend' in refused and len(os.listdir(cache)) == 1
+    rc, other = parse(argv, 'other-sglang')
+    assert rc == 0 and other['imported'] and len(os.listdir(cache)) == 2
