@@ -79,6 +79,9 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
     keep = tmp_path / 'host-data'
     keep.mkdir()
     (keep / 'weights.safetensors').write_text('precious')
+    for left in node.lxc.get():                     # what a killed run of this test left (its hostname, its vmid)
+        if int(left['vmid']) == vmid and left.get('name') == 'lab-test':
+            Tasks.blocking_status(lab_api, node.lxc(vmid).delete())
     upid = node.lxc.post(vmid=vmid, hostname='lab-test', ostemplate=tmpl, rootfs='local-lvm:4', memory=512,
                          dev0='/dev/nvidia-lab-missing', mp0='{0},mp=/data'.format(keep), tags='glm5-managed')
     try:
