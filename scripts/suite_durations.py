@@ -5,8 +5,9 @@ playbook task (Ansible's junit callback), as a table.
     suite_durations.py step NAME -- COMMAND...   run COMMAND, record its wall time and exit code (steps.jsonl),
                                                  its output also kept in logs/NAME.log
     suite_durations.py table [REPORTS]           the table of the last make test (build/test-reports)
-    suite_durations.py failed [REPORTS]          what failed: each failed step, the failed tests and tasks, and
-                                                 the end of the step's log (make test prints it when it fails)
+    suite_durations.py failed [REPORTS]          what failed: the end of each failed step's log, then each failed
+                                                 step with its failed tests and tasks (make test prints it when it
+                                                 fails)
 
 make test records every step this way; `make durations` prints the table. Anything over --limit (300 s) is marked:
 tests/README.md says why each such line is allowed.
@@ -162,27 +163,29 @@ def failures(path):
                 (text.splitlines() or [''])[0][:300]
 
 
-def failed(reports, tail=60):
-    """What failed in the last make test: each failed step, its failed tests / tasks, the end of its log."""
+def failed(reports, tail=40):
+    """What failed in the last make test: the end of each failed step's log, then (last, as CI shows the end of the
+    output) each failed step with its failed tests / tasks."""
     steps = [s for s in read_steps(reports) if s['rc'] != 0]
-    lines = []
+    logs, summary = [], []
     for s in steps:
-        lines.append('FAILED step {0} (exit {1}, after {2})'.format(s['step'], s['rc'], fmt(s['end'] - s['start'])))
+        summary.append('FAILED step {0} (exit {1}, after {2}); its log: {3}'.format(
+            s['step'], s['rc'], fmt(s['end'] - s['start']), os.path.join(reports, 'logs', s['step'] + '.log')))
         xmls = glob.glob(os.path.join(reports, s['step'] + '.xml')) + \
             sorted(glob.glob(os.path.join(reports, s['step'], '*.xml')), key=os.path.getmtime)
         for path in xmls:
             for case, message in failures(path):
-                lines.append('  failed: {0}: {1}'.format(case, message))
+                summary.append('  failed: {0}: {1}'.format(case, message))
         log = os.path.join(reports, 'logs', s['step'] + '.log')
         if os.path.exists(log):
             with open(log, 'rb') as fh:
                 end = fh.read().decode('utf-8', 'replace').splitlines()[-tail:]
-            lines.append('  the last {0} lines of {1}:'.format(len(end), log))
-            lines.extend('  | ' + ANSI.sub('', line) for line in end)
-        lines.append('')
+            logs.append('The last {0} lines of {1}:'.format(len(end), log))
+            logs.extend('  | ' + ANSI.sub('', line) for line in end)
+            logs.append('')
     if not steps:
-        lines.append('no failed step recorded in {0}'.format(reports))
-    return '\n'.join(lines)
+        summary.append('no failed step recorded in {0}'.format(reports))
+    return '\n'.join(logs + summary)
 
 
 def main(argv):
@@ -198,7 +201,7 @@ def main(argv):
     t.add_argument('--limit', type=float, default=LIMIT, help='mark anything longer (seconds)')
     f = sub.add_parser('failed', help='what failed in the last make test')
     f.add_argument('reports', nargs='?', default=REPORTS)
-    f.add_argument('--tail', type=int, default=60, help='lines of each failed step\'s log')
+    f.add_argument('--tail', type=int, default=40, help='lines of each failed step\'s log')
     args = parser.parse_args(argv)
     print(table(args.reports, args.limit) if args.cmd == 'table' else failed(args.reports, args.tail))
     return 0

@@ -160,3 +160,4 @@ def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp
     assert 'FAILED step bad (exit 2' in out and 'FAILED step ok' not in out, out
     assert 'failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct' in out, out
     assert '  | TASK failed: no such host' in out and '  | 97' in out and '  | 96' not in out, out   # no colours
+    assert out.rstrip().splitlines()[-1] == '  failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct', out
