@@ -22,16 +22,16 @@ PYTEST_LANES = [
     ('gpu', 'only on a machine with an NVIDIA GPU (never in CI)', 'the real GPU'),
     ('host', 'make test: host-checks, alone after the lanes', 'container-stage node (CT 190)'),
     ('stack', 'make test: full-stack lane, after molecule/default', 'full-stack node (CT 192)'),
-    ('ct', 'make test: container-stage lane, after its scenarios', 'container-stage node (CT 190)'),
+    ('ct', 'make test: container-stage lane, first (site.yml deploys the node)', 'container-stage node (CT 190)'),
     ('sglang', 'make test: container-stage lane, last', "each profile's sglang in a venv on this machine"),
     ('lab', 'make test: container-stage lane', 'its own throwaway containers / the lab API'),
     (None, 'make check (and make test)', 'none'),
 ]
 # Where each scenario's verify runs in make test.
 SCENARIOS = {
-    'container_base': ('container-stage lane (and in default\'s verify)', 'CT 190 (and CT 192)'),
-    'gpu_container': ('container-stage lane (and in default\'s verify)', 'CT 190 (and CT 192)'),
-    'pve_container': ('container-stage lane (and in default\'s verify)', 'CT 190 (and CT 192)'),
+    'container_base': ('full-stack lane (imported by default\'s verify)', 'CT 192'),
+    'gpu_container': ('full-stack lane (imported by default\'s verify)', 'CT 192'),
+    'pve_container': ('full-stack lane (imported by default\'s verify)', 'CT 192'),
     'nvidia_host_driver': ('container-stage lane', 'CTs 187, 188 (lab containers playing PVE hosts)'),
     'default': ('full-stack lane', 'CT 192'),
     'sglang': ('full-stack lane (imported by default\'s verify)', 'CT 192'),

@@ -75,7 +75,19 @@ def stack_node(lab_api, tmp_path_factory):
 
 
 @pytest.fixture(scope='session')
-def ct_node(lab_api, tmp_path_factory):
-    """make test's container-stage node (molecule/pve_container), made before the tests marked `ct` and `host`."""
-    return _lane_node(lab_api, tmp_path_factory, 'pve_container', 'the container-stage node',
-                      'molecule test -s container_base -s gpu_container -s pve_container --destroy=never')
+def ct_deploy(lab_api, tmp_path_factory):
+    """make test's container-stage node (molecule/pve_container's inventory), deployed once per session by site.yml
+    less the SGLang plays (built when absent: lane-ct destroys it first) -> (inventory, node, hostvars, the Run)."""
+    from siterun import site
+    inventory, name, hostvars = lab_node_inventory(tmp_path_factory, 'pve_container')
+    run = site(None, inventory=inventory)
+    if run.rc != 0:
+        pytest.fail('site.yml could not deploy the container-stage node ({0}, CT {1}):\n{2}'.format(
+            name, hostvars['pve_container_vmid'], run))
+    return inventory, name, hostvars, run
+
+
+@pytest.fixture(scope='session')
+def ct_node(ct_deploy):
+    """make test's container-stage node, deployed (ct_deploy), for the tests marked `ct` and `host`."""
+    return ct_deploy[:3]

@@ -20,10 +20,9 @@ pytestmark = pytest.mark.ct
 
 
 @pytest.fixture(scope='module')
-def node(ct_node):
-    inventory, name, hostvars = ct_node
-    run = site(None, inventory=inventory)
-    assert run.rc == 0, run
+def node(ct_deploy):
+    """The container-stage node and the site.yml run that deployed it (its preflight's output)."""
+    inventory, name, hostvars, run = ct_deploy
     return inventory, hostvars['pve_container_vmid'], run
 
 
