@@ -61,7 +61,7 @@ def ssh(*cmd):
     """Plain OpenSSH into the node (not the command under test)."""
     state = labd.STATE
     return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
-                           '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', 'known_hosts'),
+                           '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', NODE['lab_known_hosts_name']),
                            '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
                           capture_output=True, text=True, timeout=120)
 

@@ -59,6 +59,8 @@ def test_the_lanes_share_no_container_id_port_or_bench_history():
         claim('service port', 30000 + vmid, lane, node)        # the lab's sglang_service_port
         claim('bench history', hv.get('pve_container_bench_history_dir',
                                       defaults['pve_container_bench_history_dir']), lane, node)
+        # both lanes create containers at once: one known_hosts file would be rewritten by both
+        claim('known_hosts file', hv.get('lab_known_hosts_name', defaults['lab_known_hosts_name']), lane, node)
     for path, lane in OWN_VMIDS.items():
         with open(os.path.join(ROOT, path)) as fh:
             text = fh.read()
@@ -72,6 +74,8 @@ def test_the_lanes_share_no_container_id_port_or_bench_history():
         assert ('vmid', hv['pve_container_vmid']) not in used, node
         assert ('bench history', defaults['pve_container_bench_history_dir']) not in used, \
             "a lane writes into make deploy's bench history"
+        assert ('known_hosts file', defaults['lab_known_hosts_name']) not in used, \
+            "a lane rewrites make deploy's known_hosts file"
 
 
 def test_the_full_stack_node_runs_at_the_test_speed_and_make_deploy_at_the_seeds():
