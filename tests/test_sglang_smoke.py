@@ -367,3 +367,38 @@ def test_two_golden_runs_side_by_side(tmp_path):
     assert 'workload: random-ids 256/128 range ratio 0.0 -> random-ids 512/128 range ratio 0.0' in text, text
     gs.plot_compare(healthy, slow, str(tmp_path / 'cmp.png'))
     assert png_size(str(tmp_path / 'cmp.png')) == (1200, 800)
+
+
+@pytest.mark.parametrize('previous', [False, True])
+def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
+    """The rollback step when it must not roll back: no previous unit and environment file, or a previous pair that
+    never passed. Ansible 2.19 templates a loop's labels for skipped items too, and the labels read item.stat.path
+    (absent when the .previous files are): the rollback failed with a templating error instead of saying why it did
+    not roll back (a failed smoke test on a node's first or unchanged deploy)."""
+    import subprocess
+    import sys
+    unit, env = tmp_path / 'x.service', tmp_path / 'x.env'
+    unit.write_text('[Service]\n')
+    env.write_text('K=v\n')
+    if previous:
+        (tmp_path / 'x.service.previous').write_text('[Service]\nold\n')
+        (tmp_path / 'x.env.previous').write_text('K=old\n')
+    out = tmp_path / 'rollback.json'
+    play = [{'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
+             'vars': {'ansible_python_interpreter': sys.executable},
+             'tasks': [{'ansible.builtin.include_role': {'name': 'sglang_smoke', 'tasks_from': 'rollback.yml'}},
+                       {'ansible.builtin.copy': {'content': '{{ __sglang_smoke_rollback | to_json }}', 'dest': str(out),
+                                                 'mode': '0600'}}]}]
+    (tmp_path / 'play.yml').write_text(yaml.safe_dump(play))
+    extra = {'sglang_smoke_service': 'x', '__sglang_smoke_unit': str(unit), '__sglang_smoke_envfile': str(env),
+             'sglang_smoke_passed_file': str(tmp_path / 'passed.json'),   # none passed here
+             '__sglang_smoke_files': {'results': []}, '__sglang_smoke_meta': {'unit_sha256': '', 'env_sha256': ''}}
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', 'localhost,',
+                        str(tmp_path / 'play.yml'), '-e', json.dumps(extra)], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg')), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = json.loads(out.read_text())
+    assert not done['restored'], done
+    assert done['text'].startswith('Not rolled back: the previous configuration never passed a smoke test' if previous
+                                   else 'Not rolled back: there is no previous unit and environment file'), done
+    assert unit.read_text() == '[Service]\n' and env.read_text() == 'K=v\n'
