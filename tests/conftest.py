@@ -76,10 +76,13 @@ def stack_node(lab_api, tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def ct_deploy(lab_api, tmp_path_factory):
-    """make test's container-stage node (molecule/pve_container's inventory), deployed once per session by site.yml
-    less the SGLang plays (built when absent: lane-ct destroys it first) -> (inventory, node, hostvars, the Run)."""
+    """make test's container-stage node (molecule/pve_container's inventory): when it is not running (lane-ct destroys
+    it first), deployed by site.yml less the SGLang plays -> (inventory, node, hostvars, that Run or None)."""
     from siterun import site
     inventory, name, hostvars = lab_node_inventory(tmp_path_factory, 'pve_container')
+    status = {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(hostvars['pve_container_vmid'])
+    if status == 'running':
+        return inventory, name, hostvars, None
     run = site(None, inventory=inventory)
     if run.rc != 0:
         pytest.fail('site.yml could not deploy the container-stage node ({0}, CT {1}):\n{2}'.format(

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.ct
 
 @pytest.fixture(scope='module')
 def node(ct_deploy):
-    """The container-stage node and the site.yml run that deployed it (its preflight's output)."""
+    """The container-stage node and a site.yml run on it (its preflight's output): the one that deployed it, if this
+    session did."""
     inventory, name, hostvars, run = ct_deploy
+    if run is None:
+        run = site(None, inventory=inventory)
+        assert run.rc == 0, run
     return inventory, hostvars['pve_container_vmid'], run
 
 
