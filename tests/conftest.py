@@ -57,10 +57,15 @@ def lab_node_inventory(tmp_path_factory, scenario):
     return str(path), name, hostvars
 
 
+def node_status(lab_api, vmid):
+    """The lab API's status of a container ('running', 'stopped'), None when there is none."""
+    return {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(vmid)
+
+
 def _lane_node(lab_api, tmp_path_factory, scenario, what, how):
     inventory, name, hostvars = lab_node_inventory(tmp_path_factory, scenario)
     vmid = hostvars['pve_container_vmid']
-    status = {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(vmid)
+    status = node_status(lab_api, vmid)
     if status != 'running':
         pytest.fail('{0} ({1}, CT {2}) is {3}: these tests run on it after `{4}` (make test does this in its '
                     'lanes, tests/README.md)'.format(what, name, vmid, status or 'absent', how))
@@ -80,8 +85,7 @@ def ct_deploy(lab_api, tmp_path_factory):
     it first), deployed by site.yml less the SGLang plays -> (inventory, node, hostvars, that Run or None)."""
     from siterun import site
     inventory, name, hostvars = lab_node_inventory(tmp_path_factory, 'pve_container')
-    status = {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(hostvars['pve_container_vmid'])
-    if status == 'running':
+    if node_status(lab_api, hostvars['pve_container_vmid']) == 'running':
         return inventory, name, hostvars, None
     run = site(None, inventory=inventory)
     if run.rc != 0:
