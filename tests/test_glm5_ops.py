@@ -358,7 +358,10 @@ def test_vaulted_inventory_variables_are_read_with_the_vault_password(tmp_path):
     # the command itself: one line before it contacts anything
     one_line_error(glm5('status', inventory=production), 2,
                    'cannot read its variables', 'A vault password must be specified', '--vault-password-file')
-    # the lab's: templated from a lookup of the file labd made
+
+
+def test_the_lab_inventory_password_is_the_lookup_of_the_file_labd_made(lab_api):
+    """Needs the lab (lab_api: marked `lab`): the password file exists only once labd has started."""
     with open(os.path.join(labd.paths()['password'])) as fh:
         assert inventory_var(os.path.join(ROOT, 'inventories', 'lab'), 'glm5-lab', 'pve_container_api_password') == \
             fh.read().strip()
