@@ -153,14 +153,15 @@ def table(reports, limit=LIMIT, top=12):
 
 
 def failures(path):
-    """(case, first line of the message) of each failed or errored case of one JUnit XML file."""
+    """(case, the message's first lines) of each failed or errored case of one JUnit XML file: a site.yml test's
+    message is 'rc=N', then the task that failed and why (tests/siterun.py)."""
     root = ET.parse(path).getroot()
     for case in root.iter('testcase'):
         for bad in list(case.findall('failure')) + list(case.findall('error')):
             text = (bad.get('message') or bad.text or '').strip()
             where = case.get('classname') or ''
             yield '{0}::{1}'.format(where, case.get('name')) if where else case.get('name'), \
-                (text.splitlines() or [''])[0][:300]
+                ' | '.join(line.strip() for line in text.splitlines()[:3] if line.strip())[:500]
 
 
 def failed(reports, tail=40):

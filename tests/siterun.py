@@ -1,4 +1,5 @@
 """Run the real ansible-playbook on site.yml against the lab, the way a user does (shared by the site tests)."""
+import itertools
 import json
 import os
 import subprocess
@@ -15,7 +16,14 @@ class Run(object):
         self.out = ' '.join(self.raw.split())     # the YAML callback wraps long messages
 
     def __repr__(self):
-        return 'rc={0}\n{1}'.format(self.rc, self.raw[-4000:])
+        """rc, the lines that say what failed (a failed task, an unreachable host: first, so a cut report still
+        shows them), then the end of the output."""
+        lines, why = self.raw.splitlines(), []
+        for i, line in enumerate(lines):
+            if line.startswith(('fatal:', 'failed:', 'ERROR!', '[ERROR]')) and len(why) < 5:
+                more = itertools.takewhile(lambda m: m.startswith('  '), lines[i + 1:i + 5])  # the YAML msg lines
+                why.append('\n'.join(m[:600] for m in [line, *more]))
+        return 'rc={0}\n{1}\n...\n{2}'.format(self.rc, '\n'.join(why), self.raw[-4000:])
 
 
 def site(extra=None, *args, inventory=None, playbook='site.yml', sglang=False):

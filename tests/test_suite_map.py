@@ -159,9 +159,16 @@ def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp
     (tmp_path / 'bad' / 'converge-1796000000.5.xml').write_text(
         '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Converge: the task" time="1.0">'
         '<failure message="unreachable: glm5-molecule-ct">details</failure></testcase></testsuite></testsuites>')
+    (tmp_path / 'bad.xml').write_text(
+        '<testsuites><testsuite name="pytest"><testcase classname="tests.t" name="test_site" time="2.0">'
+        '<failure message="AssertionError: rc=4&#10;fatal: [n]: UNREACHABLE! =&gt; changed=false&#10;  msg: timed out'
+        '&#10;...&#10;the tail">tb</failure></testcase></testsuite></testsuites>')
     out = subprocess.run([sys.executable, script, 'failed', str(tmp_path), '--tail', '5'], capture_output=True,
                          text=True, timeout=60).stdout
     assert 'FAILED step bad (exit 2' in out and 'FAILED step ok' not in out, out
     assert 'failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct' in out, out
+    # a site.yml test's failure says which task failed and why, not only its exit code
+    assert 'failed: tests.t::test_site: AssertionError: rc=4 | fatal: [n]: UNREACHABLE! => changed=false | msg: timed ' \
+           'out\n' in out, out
     assert '  | TASK failed: no such host' in out and '  | 97' in out and '  | 96' not in out, out   # no colours
     assert out.rstrip().splitlines()[-1] == '  failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct', out
