@@ -57,13 +57,13 @@ def glm5(*args, inventory=None, timeout=900):
     return p
 
 
-def ssh(*cmd):
+def ssh(*cmd, stdin=None, timeout=120):
     """Plain OpenSSH into the node (not the command under test)."""
     state = labd.STATE
     return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
                            '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', NODE['lab_known_hosts_name']),
                            '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
-                          capture_output=True, text=True, timeout=120)
+                          input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 def one_line_error(p, code, *words):

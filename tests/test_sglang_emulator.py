@@ -319,6 +319,12 @@ def test_the_bench_module_runs_one_level_and_samples_the_gpus(engine, python, mo
     assert out['result']['completed'] == 8 and out['result']['max_concurrency'] == 4
     assert 'OPENAI_API_KEY' not in ' '.join(out['cmd']) and KEY not in out['cmd']
     assert out['cmd'][out['cmd'].index('--dataset-name') + 1] == 'random-ids'
+    # bench_serving copies /server_info (the key among sglang's args) into its line: none of it reaches the history
+    assert out['result']['server_info']['api_key'] == '(redacted)', out['result']['server_info']
+    for name in ('bench.jsonl', 'bench-c4.log', 'gpu.jsonl'):
+        assert KEY not in (tmp_path / name).read_text(), name
+    assert KEY not in json.dumps(out)
+    assert not os.path.exists(os.path.dirname(out['cmd'][out['cmd'].index('--output-file') + 1]))  # its private copy
     samples = [json.loads(x) for x in (tmp_path / 'gpu.jsonl').read_text().splitlines()]
     assert len(samples) == out['samples'] >= 1
     assert [g['index'] for g in samples[0]['gpus']] == list(range(8)) and samples[0]['level'] == 4

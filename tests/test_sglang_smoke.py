@@ -402,3 +402,20 @@ def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
     assert done['text'].startswith('Not rolled back: the previous configuration never passed a smoke test' if previous
                                    else 'Not rolled back: there is no previous unit and environment file'), done
     assert unit.read_text() == '[Service]\n' and env.read_text() == 'K=v\n'
+
+
+def test_a_bench_serving_line_leaves_sglang_bench_without_a_secret():
+    """bench_serving copies /server_info, the API key among sglang's args, into its result line (this golden run's
+    line holds a lab key): sglang_bench scrubs the line before it reaches the history."""
+    import sglang_bench
+    with open(os.path.join(GOLDEN, 'healthy', 'bench.jsonl')) as fh:
+        line = json.loads(fh.readline())
+    key = line['server_info']['api_key']
+    line['server_info']['admin_api_key'] = 'admin-secret'
+    line['note'] = 'Bearer ' + key
+    clean = sglang_bench.scrub(line, [key])
+    assert key not in json.dumps(clean) and 'admin-secret' not in json.dumps(clean)
+    assert clean['server_info']['api_key'] == clean['server_info']['admin_api_key'] == '(redacted)'
+    assert clean['note'] == 'Bearer (redacted)'
+    assert clean['server_info']['ssl_keyfile_password'] is None                 # unset stays unset
+    assert dict(clean, server_info=None, note=None) == dict(line, server_info=None, note=None)  # the figures as they were

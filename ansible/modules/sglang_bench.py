@@ -8,8 +8,13 @@ short_description: One concurrency level of sglang.bench_serving against a runni
 description:
   - Runs the real C(python -m sglang.bench_serving) of the given Python (the node's SGLang environment) once:
     C(--backend sglang-oai --dataset-name random-ids) (offline, no dataset download), the given lengths and
-    C(--random-range-ratio), C(--num-prompts), C(--max-concurrency), C(--request-rate inf), appending its result line
-    to C(output_file) (JSONL). The API key goes in through C(OPENAI_API_KEY), never on the command line.
+    C(--random-range-ratio), C(--num-prompts), C(--max-concurrency), C(--request-rate inf); its result line is
+    appended to C(output_file) (JSONL). The API key goes in through C(OPENAI_API_KEY), never on the command line.
+  - No secret reaches C(output_file) or C(log_file): bench_serving copies the server's C(/server_info) (sglang's server
+    args, C(api_key) among them) into its result line, so it writes into a private (0700) temporary folder, and the
+    line is appended to C(output_file) with the values of sglang's secret arguments (C(api_key), C(admin_api_key),
+    C(ssl_keyfile_password), C(hf_token)) and every occurrence of C(api_key) replaced by C((redacted)); the log is
+    cleaned of the key the same way.
   - While it runs, samples every GPU with C(nvidia-smi --query-gpu) (utilisation, power draw and limit, memory, SM
     clock, temperature) every C(sample_interval) seconds and appends the samples to C(samples_file) (JSONL, one line
     per sample with the level). No nvidia-smi -> no samples, said in C(gpu_note).
@@ -32,7 +37,7 @@ options:
   output_len: {description: C(--random-output-len)., type: int, default: 128}
   range_ratio: {description: C(--random-range-ratio) (0.0 lengths uniform in [1, L], 1.0 fixed)., type: float, default: 0.0}
   seed: {description: C(--seed)., type: int, default: 1}
-  output_file: {description: bench_serving's C(--output-file) (it appends)., type: path, required: true}
+  output_file: {description: "The JSONL the level's result is appended to, secrets removed.", type: path, required: true}
   log_file: {description: bench_serving's stdout and stderr., type: path, required: true}
   samples_file: {description: The GPU samples (JSONL, appended)., type: path, required: true}
   nvidia_smi: {description: The nvidia-smi to sample with (a name on PATH or a path)., type: str, default: nvidia-smi}
@@ -78,7 +83,9 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
+import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -112,6 +119,47 @@ def sample(smi, level, fh):
     return True
 
 
+# sglang's server arguments that hold secrets (bench_serving copies them all from /server_info into its result)
+SECRET_ARGS = ('api_key', 'admin_api_key', 'ssl_keyfile_password', 'hf_token')
+REDACTED = '(redacted)'
+
+
+def scrub(value, secrets):
+    """value (bench_serving's result, parsed) with no secret in it: a set value of one of SECRET_ARGS, and every
+    occurrence of a string in secrets (the API key), anywhere, become REDACTED."""
+    if isinstance(value, dict):
+        return dict((k, REDACTED if k in SECRET_ARGS and v not in (None, '') else scrub(v, secrets))
+                    for k, v in value.items())
+    if isinstance(value, list):
+        return [scrub(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+    return value
+
+
+def append_scrubbed(raw, output_file, secrets):
+    """bench_serving's lines from raw (its private output file), secrets removed, appended to output_file."""
+    try:
+        with open(raw) as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+    except OSError:
+        return
+    with open(output_file, 'a') as out:
+        for record in lines:
+            out.write(json.dumps(scrub(record, secrets)) + '\n')
+
+
+def scrub_file(path, secrets):
+    """Rewrite a text file with every occurrence of a secret replaced (only when there is one)."""
+    with open(path, errors='replace') as fh:
+        text = fh.read()
+    clean = scrub(text, secrets)
+    if clean != text:
+        with open(path, 'w') as fh:
+            fh.write(clean)
+
+
 # a tqdm progress line: ' 40%|####      | 103/256 [00:02<00:03, 41.2it/s]'
 PROGRESS = re.compile(r'\d+%\|.*\|\s*\d+/\d+')
 
@@ -138,18 +186,27 @@ def open_files_limit(want=65535):
     return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
 
-def command(p):
+def command(p, output_file):
     return [p['python'], '-m', 'sglang.bench_serving', '--backend', 'sglang-oai', '--base-url', p['base_url'],
             '--model', p['model'], '--tokenizer', p['tokenizer'], '--dataset-name', 'random-ids',
             '--random-input-len', str(p['input_len']), '--random-output-len', str(p['output_len']),
             '--random-range-ratio', repr(float(p['range_ratio'])), '--num-prompts', str(p['prompts']),
             '--max-concurrency', str(p['concurrency']), '--request-rate', 'inf', '--seed', str(p['seed']),
-            '--output-file', p['output_file']] + list(p['extra_args'])
+            '--output-file', output_file] + list(p['extra_args'])
 
 
 def run(module):
     p = module.params
-    cmd = command(p)
+    private = tempfile.mkdtemp(prefix='glm5-bench-')       # 0700: bench_serving's own line holds the key
+    try:
+        return level(module, p, os.path.join(private, 'bench.jsonl'))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def level(module, p, raw_output):
+    cmd = command(p, raw_output)
+    secrets = [p['api_key']] if p['api_key'] else []
     smi = p['nvidia_smi'] if os.path.isabs(p['nvidia_smi']) else module.get_bin_path(p['nvidia_smi'])
     if smi and not os.access(smi, os.X_OK):
         smi = None
@@ -192,6 +249,8 @@ def run(module):
                 log.write('\nstopped after {0} s (timeout)\n'.format(p['timeout']))
                 break
     seconds = round(time.monotonic() - t0, 1)
+    append_scrubbed(raw_output, p['output_file'], secrets)
+    scrub_file(p['log_file'], secrets)
     after = count_lines(p['output_file'])
     line = after - 1 if after > before else None
     result = read_line(p['output_file'], line) if line is not None else None
