@@ -118,8 +118,20 @@ def test_token_needed(capsys, hub, tmp_path):
 
 
 @pytest.mark.hub_args('--corrupt', 'model-00001-of-00001.safetensors')
-def test_bytes_that_are_not_the_published_ones_are_refused(capsys, hub, tmp_path):
+def test_bytes_that_are_not_the_published_ones_are_refused_and_removed_so_a_rerun_heals(capsys, hub, hub_root, tmp_path):
     out = run_module(capsys, **args(hub, tmp_path / 'm'))
     assert out['failed'], out
     assert 'model-00001-of-00001.safetensors: sha256 ' in out['msg'] and 'not marked complete' in out['msg'], out
+    assert 'removed (with its download record), not marked complete: the next run downloads it again' in out['msg']
     assert not (tmp_path / 'm' / '.glm5-complete').exists()
+    assert not (tmp_path / 'm' / 'model-00001-of-00001.safetensors').exists()
+    # it heals: the next run against a good hub fetches that file again (it used to fail the same way for ever,
+    # huggingface_hub's record saying the bad file was there)
+    good = Hub(hub_root)
+    try:
+        out = run_module(capsys, **args(good, tmp_path / 'm'))
+    finally:
+        log = good.stop()
+    assert not out.get('failed') and out['changed'], out
+    assert (tmp_path / 'm' / '.glm5-complete').exists()
+    assert 'model-00001-of-00001.safetensors' in log, log

@@ -13,6 +13,9 @@ description:
     huggingface_hub's snapshot_download into I(dest) (resumable; only I(allow_patterns)), then checks every file's
     size against the hub's listing and, for LFS files (the weights), its sha256 against the one the hub publishes;
     other files against their git blob sha. Needs huggingface_hub in the Python that runs the module.
+  - A downloaded file that fails those checks is removed, with huggingface_hub's record of its download (which would
+    otherwise tell every later run that the file is there): the run fails naming each, and the next run fetches
+    them again.
   - The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256) is removed before
     anything is written and written last, so a cut run is resumed, never served. A later run that finds the
     marker with the same file list and sizes on both sides changes nothing (no re-hashing of hundreds of GB).
@@ -58,6 +61,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -189,23 +193,45 @@ def from_hub(module):
                           token=p['token'] or None, endpoint=p['endpoint'] or None)
     except Exception as exc:  # noqa: BLE001
         module.fail_json(msg='download cut short, not marked complete (run again to resume): ' + hub_error(exc, p))
-    files = {}
+    files, bad = {}, []
     for rel, sib in sorted(wanted.items()):
         path = os.path.join(dest, rel)
         size = os.path.getsize(path) if os.path.exists(path) else None
+        digest = sha256(path) if size == sib.size else None
         if size != sib.size:
-            module.fail_json(msg='{0}: {1} bytes, the hub lists {2}; not marked complete'.format(path, size, sib.size))
-        digest = sha256(path)
-        if sib.lfs is not None and digest != sib.lfs.sha256:
-            module.fail_json(msg='{0}: sha256 {1}, the hub publishes {2}; not marked complete'.format(
-                path, digest, sib.lfs.sha256))
-        if sib.lfs is None and sib.blob_id and git_blob_sha(path) != sib.blob_id:
-            module.fail_json(msg='{0}: not the file the hub has at {1} (git blob sha differs); not marked '
-                                 'complete'.format(path, info.sha))
-        files[rel] = {'size': sib.size, 'sha256': digest}
+            bad.append('{0}: {1} bytes, the hub lists {2}'.format(path, size, sib.size))
+        elif sib.lfs is not None and digest != sib.lfs.sha256:
+            bad.append('{0}: sha256 {1}, the hub publishes {2}'.format(path, digest, sib.lfs.sha256))
+        elif sib.lfs is None and sib.blob_id and git_blob_sha(path) != sib.blob_id:
+            bad.append('{0}: not the file the hub has at {1} (git blob sha differs)'.format(path, info.sha))
+        else:
+            files[rel] = {'size': sib.size, 'sha256': digest}
+            continue
+        forget_download(dest, rel)
+    if bad:
+        module.fail_json(msg='{0}; removed (with its download record), not marked complete: the next run downloads '
+                             '{1} again'.format('; '.join(bad), 'it' if len(bad) == 1 else 'them'))
     marker = {'source': source, 'files': files, 'bytes': sum(sizes.values())}
     write_marker(dest, marker)
     return dict(changed=True, files=len(files), bytes=marker['bytes'], written=todo, marker=marker)
+
+
+def forget_download(dest, rel):
+    """Remove a downloaded file that failed its check, and huggingface_hub's record of it under
+    dest/.cache/huggingface/download/ (with the record there, snapshot_download takes the file for present and
+    never fetches it again)."""
+    try:
+        from huggingface_hub._local_folder import get_local_download_paths
+        paths = get_local_download_paths(Path(dest), rel)
+        doomed = [paths.file_path, paths.metadata_path, paths.lock_path]
+    except ImportError:                     # the layout huggingface_hub documents for local_dir downloads
+        record = Path(dest, '.cache', 'huggingface', 'download', rel + '.metadata')
+        doomed = [Path(dest, rel), record, record.with_suffix('.lock')]
+    for path in doomed:
+        try:
+            os.unlink(str(path))
+        except FileNotFoundError:
+            pass
 
 
 def run(module):
