@@ -68,10 +68,15 @@ def test_userspace_follows_the_host_driver_and_a_mismatch_is_refused(node):
         assert 'gpu_container : Install | run it, userspace only (replaces another version)] *** changed' \
             in run.out, run
         assert versions(vmid) == [UPGRADE]
+        # a forced version other than the host's is refused before it is installed (it was installed, then refused,
+        # leaving the node in the very mismatch the check exists to prevent)
         run = site(dict(STANDIN, gpu_container_driver_version=INSTALLED), inventory=inventory)
         assert run.rc != 0, run
-        assert "The container's NVIDIA userspace is {0}, the host kernel module on pve-lab is {1}: NVML " \
-               'would fail with "Driver/library version mismatch"'.format(INSTALLED, UPGRADE) in run.out, run
+        assert 'gpu_container_driver_version is {0}, the host kernel module on pve-lab is {1}: that userspace would ' \
+               'make NVML fail with "Driver/library version mismatch". Nothing was installed.'.format(
+                   INSTALLED, UPGRADE) in run.out, run
+        assert versions(vmid) == [UPGRADE]
+        assert 'gpu_container : Install | run it' not in run.out, run
     finally:
         standin_driver()                             # back at the inventory's version ...
     run = site(STANDIN, inventory=inventory)         # ... and the node follows it down again
