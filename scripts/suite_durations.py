@@ -99,8 +99,8 @@ def collect(reports):
 
 
 def fmt(seconds):
-    return '{0:d}:{1:02d}'.format(int(seconds) // 60, int(round(seconds)) % 60) if seconds >= 60 else \
-        '{0:.1f}s'.format(seconds)
+    whole = int(round(seconds))
+    return '{0:d}:{1:02d}'.format(whole // 60, whole % 60) if seconds >= 60 else '{0:.1f}s'.format(seconds)
 
 
 def table(reports, limit=LIMIT, top=12):
