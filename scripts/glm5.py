@@ -352,6 +352,29 @@ class Node(object):
         except ValueError:
             return None
 
+    def patch_state(self, launch, manifest):
+        """The manifest's patches, each checked against its file as it is now: {name, applied, validated_on_hardware,
+        state}, state 'applied' / 'not applied' as the manifest says, or 'drifted' when the file's sha256 is not the
+        one the manifest recorded (an edited or reinstalled file: what runs is not what was deployed)."""
+        patches = manifest.get('patches') or []
+        site = os.path.join(os.path.dirname(os.path.dirname(launch['python'])), 'lib',
+                            'python{0}'.format(manifest.get('python')), 'site-packages')
+        paths = [os.path.join(site, p.get('target') or '') for p in patches]
+        found = {}
+        if paths:
+            r = self.ssh.run('sha256sum -- {0}'.format(' '.join(map(shlex.quote, paths))))
+            for line in r.stdout.splitlines():                    # sha256sum: "<sha256>  <path>"
+                digest, _, path = line.partition('  ')
+                found[path] = digest
+        out = []
+        for p, path in zip(patches, paths, strict=True):
+            now = found.get(path)
+            state = ('applied' if p.get('applied') else 'not applied') if now and now == p.get('sha256') else 'drifted'
+            out.append({'name': p.get('name'), 'applied': p.get('applied'), 'state': state, 'file': path,
+                        'sha256': now, 'sha256_deployed': p.get('sha256'),
+                        'validated_on_hardware': p.get('validated_on_hardware')})
+        return out
+
     def gpus(self):
         """The container's nvidia-smi: {driver, cuda, gpus: [{index, name, utilisation, power, ...}]}."""
         from ansible.module_utils.nvidia_facts import QUERY_ARGS, SAMPLE_ARGS, NvidiaParseError, parse_query_csv, parse_sample_csv
@@ -508,10 +531,14 @@ def _inside(node, st, host):
         st['sglang'] = {'version': manifest.get('sglang'), 'profile': manifest.get('profile'),
                         'flags_sha256': launch['flags_sha256'], 'url': launch['base_url'],
                         'served_model_name': launch['served_model_name'], 'model_path': launch['model_path'],
-                        'patches': [{k: p.get(k) for k in ('name', 'applied', 'validated_on_hardware')}
-                                    for p in manifest.get('patches') or []]}
+                        'patches': node.patch_state(launch, manifest) if manifest else []}
         if not manifest:
             problems.append('no SGLang environment manifest next to {0}'.format(launch['python']))
+        for p in st['sglang']['patches']:
+            if p['state'] == 'drifted':
+                problems.append('patch {0}: {1} has sha256 {2}, the deploy left {3}: deploy again (site.yml --tags '
+                                'sglang) to restore it'.format(p['name'], p['file'], p['sha256'] or '(no such file)',
+                                                               p['sha256_deployed']))
         last = st.get('last_smoke') or {}
         if last.get('flags_sha256') and last['flags_sha256'] != launch['flags_sha256']:
             st['last_smoke']['other_flags'] = True
@@ -570,8 +597,8 @@ def status_text(st):
     if s:
         lines.append('  sglang      {0}, profile {1}, flags {2}, {3} as {4}'.format(
             s['version'], s['profile'], s['flags_sha256'][:12], s['url'], s['served_model_name']))
-        lines.append('  patches     ' + (', '.join('{0} ({1})'.format(p['name'], 'applied' if p['applied'] else
-                                                                       'not applied') for p in s['patches']) or 'none'))
+        lines.append('  patches     ' + (', '.join('{0} ({1})'.format(p['name'], p['state']) for p in s['patches'])
+                                         or 'none'))
     d = st.get('drivers') or {}
     hk, cu = d.get('host_kernel_module') or {}, d.get('container_userspace')
     lines.append('  driver      host kernel module {0}{1} | container userspace {2}'.format(
@@ -645,15 +672,20 @@ def cmd_gpus(args, inv):
 # ---------------------------------------------------------------- logs
 def cmd_logs(args, inv):
     node = Node(inv, inv.one(args.node))
-    cmd = ['journalctl', '-u', node.service, '--no-pager', '-o', 'json' if args.json else 'short-iso',
-           '-n', str(args.lines)]
+    cmd = ['journalctl', '-u', node.service, '--no-pager', '-o', 'json' if args.json else 'short-iso']
     if args.since:
         cmd += ['--since', args.since]
     if args.follow:
-        cmd.append('-f')
+        cmd += ['-n', str(args.lines), '-f']
+    # journalctl's -n with --since gives the window's oldest lines: the newest are the last lines of the whole window
+    line = ' '.join(map(shlex.quote, cmd))
+    if args.since and not args.follow:
+        line = 'set -o pipefail; {0} | tail -n {1}'.format(line, args.lines)
+    elif not args.follow:
+        line += ' -n {0}'.format(args.lines)
     try:
-        r = node.ssh.run(' '.join(map(shlex.quote, cmd)), timeout=None if args.follow else 120, stream='out',
-                         pty=args.follow)
+        r = node.ssh.run('bash -c {0}'.format(shlex.quote(line)), timeout=None if args.follow else 120,
+                         stream='out', pty=args.follow)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -661,8 +693,10 @@ def cmd_logs(args, inv):
     if args.follow and r.exited in (-1, 130):  # Ctrl-C: the far side's journalctl ended by it
         return 0
     if not r.ok:
-        raise OpsError('{0}: journalctl: {1}'.format(node.name, (r.stderr.strip().splitlines() or
-                                                                   ['exit {0}'.format(r.exited)])[-1]))
+        said = (r.stderr.strip().splitlines() or ['exit {0}'.format(r.exited)])[-1]
+        # a --since journalctl cannot read is bad input (exit 2), as the README says
+        error = UsageError if 'Failed to parse' in said else OpsError
+        raise error('{0}: journalctl: {1}'.format(node.name, said))
     return 0
 
 
@@ -675,6 +709,19 @@ def _levels(text):
     if not levels or any(x < 1 for x in levels) or levels != sorted(set(levels)):
         raise argparse.ArgumentTypeError('--levels must be ascending, distinct and >= 1, got {0!r}'.format(text))
     return levels
+
+
+def _number(kind, least, what):
+    """An argparse type: a number of that kind, at least `least`."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError('{0} must be a number >= {1}, not {2!r}'.format(what, least, text))
+        return value
+    return parse
 
 
 def _lengths(text):
@@ -979,12 +1026,15 @@ def parser():
     sub.add_parser('status', parents=[common], help='one screen per node; exit 1 when anything is wrong')
     g = sub.add_parser('gpus', parents=[common], help='the per-GPU table')
     g.add_argument('--watch', action='store_true', help='refresh until Ctrl-C')
-    g.add_argument('--interval', type=float, default=2.0, help='seconds between refreshes (default %(default)s)')
-    g.add_argument('--count', type=int, default=0, help='with --watch: stop after this many tables')
+    g.add_argument('--interval', type=_number(float, 0.1, '--interval'), default=2.0,
+                   help='seconds between refreshes (default %(default)s)')
+    g.add_argument('--count', type=_number(int, 0, '--count'), default=0,
+                   help='with --watch: stop after this many tables (0: until Ctrl-C)')
     lg = sub.add_parser('logs', parents=[common], help="the unit's journal")
     lg.add_argument('-f', '--follow', action='store_true', help='keep following (Ctrl-C ends)')
     lg.add_argument('--since', help='journalctl --since: "1 hour ago", "2026-11-30 12:00", today, or --since=-1h')
-    lg.add_argument('--lines', type=int, default=100, help='how many lines back (default %(default)s)')
+    lg.add_argument('--lines', type=_number(int, 1, '--lines'), default=100,
+                    help='how many of the newest lines (default %(default)s)')
     b = sub.add_parser('bench', parents=[common], help="the smoke test's sweep on demand")
     b.add_argument('--levels', type=_levels, help='concurrency levels, e.g. 1,64,256 (default: the inventory\'s)')
     b.add_argument('--lengths', type=_lengths, help='INPUT/OUTPUT tokens, e.g. 1024/256 (default: the inventory\'s)')

@@ -113,9 +113,10 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     assert st['sglang']['profile'] == meta['profile'] == 'seed-validated'
     assert st['sglang']['flags_sha256'] == meta['flags_sha256'] == deployed_run['flags_sha256']
     manifest = json.loads(ssh('cat', '/opt/glm5/sglang/glm5-manifest.json').stdout)
-    assert st['sglang']['patches'] == [{'name': x['name'], 'applied': x['applied'],
-                                        'validated_on_hardware': x['validated_on_hardware']}
-                                       for x in manifest['patches']] != []
+    assert [{k: x[k] for k in ('name', 'applied', 'validated_on_hardware', 'sha256')} for x in st['sglang']['patches']] \
+        == [{k: x[k] for k in ('name', 'applied', 'validated_on_hardware', 'sha256')} for x in manifest['patches']] != []
+    assert [x['state'] for x in st['sglang']['patches']] == \
+        ['applied' if x['applied'] else 'not applied' for x in manifest['patches']]
     assert st['drivers']['host_kernel_module'] == {'version': '580.95.05', 'open': True}
     assert st['drivers']['container_userspace'] == {'version': '580.95.05', 'cuda': '13.0'}
     assert [g['index'] for g in st['gpus']] == list(range(8))
@@ -171,6 +172,30 @@ def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_bac
 
 
 @pytest.mark.stack
+def test_status_checks_the_patched_files_not_only_the_manifest(inventory):
+    """A patched file that no longer has the sha256 the deploy left is 'drifted' and a problem (exit 1); it was
+    shown as applied, from the manifest alone. The file is put back at the end."""
+    manifest = json.loads(ssh('cat', '/opt/glm5/sglang/glm5-manifest.json').stdout)
+    patch = [x for x in manifest['patches'] if x['applied']][0]
+    path = '/opt/glm5/sglang/lib/python{0}/site-packages/{1}'.format(manifest['python'], patch['target'])
+    assert ssh('cp', '-p', path, path + '.glm5-test').returncode == 0
+    try:
+        assert ssh('sh', '-c', 'echo "# drifted" >> {0}'.format(path)).returncode == 0
+        p = glm5('status', '--json', inventory=inventory)
+        assert p.returncode == 1, p.stderr
+        st = json.loads(p.out)['nodes'][0]
+        state = {x['name']: x['state'] for x in st['sglang']['patches']}
+        assert state[patch['name']] == 'drifted', state
+        problem = 'patch {0}: {1} has sha256 '.format(patch['name'], path)
+        assert [x for x in st['problems'] if x.startswith(problem) and 'the deploy left {0}'.format(
+            patch['sha256']) in x], st['problems']
+        assert '{0} (drifted)'.format(patch['name']) in glm5('status', inventory=inventory).out
+    finally:
+        assert ssh('mv', path + '.glm5-test', path).returncode == 0
+    assert glm5('status', inventory=inventory).returncode == 0
+
+
+@pytest.mark.stack
 def test_gpus_and_watch(inventory):
     p = glm5('gpus', '--json', inventory=inventory)
     assert p.returncode == 0, p.stderr
@@ -192,8 +217,18 @@ def test_logs(inventory):
     # the service's own lines, and systemd's about it (UNIT=)
     assert lines and all('glm5-sglang.service' in (x.get('_SYSTEMD_UNIT'), x.get('UNIT')) for x in lines), lines
     assert any('sglang-emulator: serving glm-5' in x['MESSAGE'] for x in lines), lines
-    one_line_error(glm5('logs', '--since', 'not-a-time', inventory=inventory), 1,
+    # the newest lines of the window, not its oldest (journalctl's -n with --since)
+    p = glm5('logs', '--since=-1h', '--lines', '3', '--json', inventory=inventory)
+    assert p.returncode == 0, p.stderr
+    newest = [json.loads(x) for x in p.out.splitlines()]
+    assert len(newest) == 3 and len(lines) > 3, p.out
+    assert all(int(x['__REALTIME_TIMESTAMP']) >= int(lines[-3]['__REALTIME_TIMESTAMP']) for x in newest), p.out
+    # bad input: exit 2 (the README's promise), one line
+    one_line_error(glm5('logs', '--since', 'not-a-time', inventory=inventory), 2,
                    NAME, 'journalctl: Failed to parse timestamp')
+    for args in (['gpus', '--interval', '-1'], ['gpus', '--count', '-2'], ['logs', '--lines', '0']):
+        p = glm5(*args, inventory=inventory)
+        assert p.returncode == 2 and '{0} must be a number >= '.format(args[1]) in p.stderr, (args, p.stderr)
 
 
 @pytest.mark.stack
