@@ -351,9 +351,30 @@ def test_restart_drains_a_request_in_flight(inventory):
 
 @pytest.mark.stack
 def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inventory):
-    # starts in a row, past StartLimitBurst (sglang_service_start_limit_burst: 3 in 20 minutes)
-    for _ in range(4):
-        ssh('systemctl', 'restart', 'glm5-sglang')
+    """Another process on the service's port: sglang exits at every start (address in use), past StartLimitBurst
+    (sglang_service_start_limit_burst: 3 in 20 minutes). A deploy's readiness wait ends as soon as the unit has
+    failed, naming the unit, the squatter and the journal's last words (it polled /health_generate for
+    sglang_service_ready_timeout, an hour, and then said only "Status code was 404"); glm5 status reports the unit;
+    with the port free again, a deploy brings it back."""
+    port = 30000 + VMID
+    assert ssh('systemctl', 'stop', 'glm5-sglang').returncode == 0
+    squatter = ssh('systemd-run', '--unit', 'glm5-test-squatter', '--', 'python3', '-m', 'http.server', '--bind',
+                   '127.0.0.1', str(port))
+    assert squatter.returncode == 0, squatter.stderr
+    try:
+        t0 = time.monotonic()
+        run = site({'sglang_smoke_levels': [1], 'sglang_service_ready_poll': 2}, '--tags', 'sglang',
+                   inventory=inventory, sglang=True)
+        took = time.monotonic() - t0
+        assert run.rc != 0, run
+        assert 'glm5-sglang is not ready: it failed. The unit: glm5-sglang is failed (failed, result start-limit-hit)' \
+            in run.out, run
+        assert 'http://127.0.0.1:{0}/health_generate: HTTP 404 (not the service: the unit does not run, so another ' \
+               'process holds the port)'.format(port) in run.out, run
+        assert 'address already in use' in run.out, run                       # the unit's last words
+        assert took < 600, took                                               # not sglang_service_ready_timeout
+    finally:
+        ssh('systemctl', 'stop', 'glm5-test-squatter')
     assert ssh('systemctl', 'is-failed', 'glm5-sglang').stdout.strip() == 'failed'
     p = glm5('status', inventory=inventory)
     assert p.returncode == 1, p.out
