@@ -119,6 +119,7 @@ def test_typos_are_rejected(argv, words):
     ok, result = check(os.path.join(venv, 'bin', 'python'), MODEL + argv)
     assert not ok
     assert words in result['parser_message'], result['parser_message']
+    assert result['stderr'] == result['parser_message']          # argparse's line, not its 60 lines of usage
 
 
 @pytest.mark.sglang

@@ -54,7 +54,7 @@ non_default:
   returned: success
   type: dict
 parser_message:
-  description: On failure, what the parser said (its last lines on stderr).
+  description: On failure, what the parser said (argparse's error line without its usage; else stderr's end).
   returned: failure
   type: str
 '''
@@ -100,9 +100,9 @@ def check(python, argv, full=False, timeout=300):
             return True, json.loads(line[len('GLM5-RESULT '):])
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     if proc.returncode == 2 and lines and ': error: ' in lines[-1]:
-        message = lines[-1]                        # argparse: "sglang.launch_server: error: ..."
-    else:
-        message = lines[-1] if lines else 'exit status {0} and no message'.format(proc.returncode)
+        # argparse: "sglang.launch_server: error: ..." after ~60 lines of usage, which say nothing more
+        return False, {'parser_message': lines[-1], 'rc': proc.returncode, 'stderr': lines[-1]}
+    message = lines[-1] if lines else 'exit status {0} and no message'.format(proc.returncode)
     return False, {'parser_message': message, 'rc': proc.returncode, 'stderr': proc.stderr[-4000:]}
 
 
