@@ -22,7 +22,7 @@ options:
     description: Restarts of the unit during the wait that end it (a crash loop), before systemd's start limit would.
     type: int
     default: 3
-  journal_lines: {description: The unit's last journal lines put in a failure's message., type: int, default: 10}
+  journal_lines: {description: "The service's own last journal lines returned on failure (3 in msg).", type: int, default: 10}
 author: GLM-5 node maintainers
 '''
 
@@ -73,8 +73,10 @@ def health(url, timeout=30):
 
 
 def journal(unit, lines):
-    r = subprocess.run(['journalctl', '-u', unit, '-n', str(lines), '--no-pager', '-o', 'cat'], capture_output=True,
-                       text=True, timeout=60)
+    """The service's own last lines (its output, not systemd's lines about it: those say only that it failed)."""
+    name = unit if '.' in unit else unit + '.service'
+    r = subprocess.run(['journalctl', '_SYSTEMD_UNIT=' + name, '-n', str(lines), '--no-pager', '-o', 'cat'],
+                       capture_output=True, text=True, timeout=60)
     return [x for x in r.stdout.splitlines() if x.strip()]
 
 
@@ -108,7 +110,7 @@ def wait(p, clock=time.monotonic, sleep=time.sleep):
                 if status is not None and state.get('ActiveState') != 'active' else ''
             result['msg'] = '{0} is not ready: {1}. The unit: {2}. {3}/health_generate: {4}{5}. Its last words: {6}'.format(
                 p['unit'], why, describe(p['unit'], state), p['url'].rstrip('/'), answered, squatter,
-                ' | '.join(result['journal'][-5:]) or '(no journal lines)')
+                ' | '.join(x.strip() for x in result['journal'][-3:]) or '(no journal lines)')
             return False, result
         sleep(p['poll'])
 
