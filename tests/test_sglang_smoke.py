@@ -311,6 +311,7 @@ def test_the_report_folder_and_the_index(tmp_path, capsys):
         assert w >= 800 and h >= 300
     md = (history / summary['run'] / 'report.md').read_text()
     assert 'FAILED' in md and '| concurrency |' in md and 'Failed because:' in md
+    assert md.endswith('![throughput](throughput.png)\n![latency](latency.png)\n![gpus](gpus.png)\n'), md[-200:]
     written = json.loads((history / summary['run'] / 'summary.json').read_text())
     assert written['meta']['flags_sha256'] == summary['meta']['flags_sha256']
     assert written['levels'] == summary['levels']
@@ -419,3 +420,14 @@ def test_a_bench_serving_line_leaves_sglang_bench_without_a_secret():
     assert clean['note'] == 'Bearer (redacted)'
     assert clean['server_info']['ssl_keyfile_password'] is None                 # unset stays unset
     assert dict(clean, server_info=None, note=None) == dict(line, server_info=None, note=None)  # the figures as they were
+
+
+def test_a_report_whose_sweep_never_ran_links_only_the_plots_it_has(tmp_path):
+    """A probe that failed skips the sweep: no throughput or latency plot is drawn, and report.md linked them anyway."""
+    summary, _, samples = load('healthy')
+    summary = dict(copy.deepcopy(summary), levels=[], sweep=[], passed=False)
+    files = gs.write_report(str(tmp_path), summary, samples, None)
+    assert files == ['summary.json', 'report.md', 'gpus.png'], files
+    md = (tmp_path / 'report.md').read_text()
+    assert '![gpus](gpus.png)' in md and 'throughput.png' not in md and 'latency.png' not in md, md[-300:]
+    assert sorted(os.listdir(str(tmp_path))) == ['gpus.png', 'report.md', 'summary.json']

@@ -765,14 +765,15 @@ def write_report(run_dir, summary, samples, previous):
     with open(os.path.join(run_dir, 'summary.json'), 'w') as fh:
         json.dump(summary, fh, indent=1, sort_keys=True)
         fh.write('\n')
-    with open(os.path.join(run_dir, 'report.md'), 'w') as fh:
-        fh.write(markdown(summary))
-        fh.write('\n\n![throughput](throughput.png)\n![latency](latency.png)\n![gpus](gpus.png)\n')
-    files = ['summary.json', 'report.md']
+    plots = []
     if summary['levels']:
         plot_throughput(summary, previous, os.path.join(run_dir, 'throughput.png'))
         plot_latency(summary, previous, os.path.join(run_dir, 'latency.png'))
-        files += ['throughput.png', 'latency.png']
+        plots += ['throughput.png', 'latency.png']
     plot_gpus(samples, os.path.join(run_dir, 'gpus.png'), (summary.get('meta') or {}).get('gpu_source'))
-    files.append('gpus.png')
-    return files
+    plots.append('gpus.png')
+    # the report links the plots that were drawn (a run whose sweep never ran has no throughput or latency plot)
+    with open(os.path.join(run_dir, 'report.md'), 'w') as fh:
+        fh.write(markdown(summary))
+        fh.write('\n\n' + ''.join('![{0}]({1})\n'.format(name[:-len('.png')], name) for name in plots))
+    return ['summary.json', 'report.md'] + plots
