@@ -6,20 +6,26 @@ DOCUMENTATION = r'''
 module: model_weights
 short_description: Put model weights into the model cache, verified, and mark them complete only then
 description:
-  - With I(source=path), fills I(dest) from a staged directory I(src) (an air-gapped host's copy of the model):
+  - >-
+    With I(source=path), fills I(dest) from a staged directory I(src) (an air-gapped host's copy of the model):
     files hard-linked when I(link) and on the same filesystem, else copied through a temporary name; every file
     checked against the source by size and sha256.
-  - With I(source=hub), downloads I(repo) at the pinned I(revision) from the Hugging Face hub (or I(endpoint)) with
+  - >-
+    With I(source=hub), downloads I(repo) at the pinned I(revision) from the Hugging Face hub (or I(endpoint)) with
     huggingface_hub's snapshot_download into I(dest) (resumable; only I(allow_patterns)), then checks every file's
     size against the hub's listing and, for LFS files (the weights), its sha256 against the one the hub publishes;
     other files against their git blob sha. Needs huggingface_hub in the Python that runs the module.
-  - A downloaded file that fails those checks is removed, with huggingface_hub's record of its download (which would
+  - >-
+    A downloaded file that fails those checks is removed, with huggingface_hub's record of its download (which would
     otherwise tell every later run that the file is there): the run fails naming each, and the next run fetches
     them again.
-  - The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256) is removed before
+  - >-
+    The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256) is removed before
     anything is written and written last, so a cut run is resumed, never served. A later run that finds the
     marker with the same file list and sizes on both sides changes nothing (no re-hashing of hundreds of GB).
-  - Never deletes a file it did not write, and never touches I(src).
+  - >-
+    Never deletes a file it did not write (a downloaded file that failed its check is one it wrote), and never
+    touches I(src).
 options:
   source: {description: Where the weights come from., type: str, choices: [path, hub], default: path}
   src: {description: The staged model directory (on the host this runs on; source path)., type: path}

@@ -6,23 +6,29 @@ DOCUMENTATION = r'''
 module: sglang_bench
 short_description: One concurrency level of sglang.bench_serving against a running server, the GPUs sampled meanwhile
 description:
-  - Runs the real C(python -m sglang.bench_serving) of the given Python (the node's SGLang environment) once:
+  - >-
+    Runs the real C(python -m sglang.bench_serving) of the given Python (the node's SGLang environment) once:
     C(--backend sglang-oai --dataset-name random-ids) (offline, no dataset download), the given lengths and
     C(--random-range-ratio), C(--num-prompts), C(--max-concurrency), C(--request-rate inf); its result line is
     appended to C(output_file) (JSONL). The API key goes in through C(OPENAI_API_KEY), never on the command line.
-  - No secret reaches C(output_file) or C(log_file): bench_serving copies the server's C(/server_info) (sglang's server
+  - >-
+    No secret reaches C(output_file) or C(log_file): bench_serving copies the server's C(/server_info) (sglang's server
     args, C(api_key) among them) into its result line, so it writes into a private (0700) temporary folder, and the
     line is appended to C(output_file) with the values of sglang's secret arguments (C(api_key), C(admin_api_key),
     C(ssl_keyfile_password), C(hf_token)) and every occurrence of C(api_key) replaced by C((redacted)); the log is
     cleaned of the key the same way.
-  - While it runs, samples every GPU with C(nvidia-smi --query-gpu) (utilisation, power draw and limit, memory, SM
+  - >-
+    While it runs, samples every GPU with C(nvidia-smi --query-gpu) (utilisation, power draw and limit, memory, SM
     clock, temperature) every C(sample_interval) seconds and appends the samples to C(samples_file) (JSONL, one line
     per sample with the level). No nvidia-smi -> no samples, said in C(gpu_note).
-  - bench_serving's output, its progress bar included (at most one update a second), goes to C(log_file) as it runs:
+  - >-
+    bench_serving's output, its progress bar included (at most one update a second), goes to C(log_file) as it runs:
     C(glm5 bench) follows the level's progress there.
-  - Raises the open-files limit for bench_serving (one file per connection; it asks for 65535 itself but cannot go
+  - >-
+    Raises the open-files limit for bench_serving (one file per connection; it asks for 65535 itself but cannot go
     past a low hard limit, and then requests beyond it fail).
-  - Never fails because the server did badly: a level that produced no result line (bench_serving crashed, the
+  - >-
+    Never fails because the server did badly: a level that produced no result line (bench_serving crashed, the
     server went away) is reported with C(line=null) and the error; the caller's gates decide. It fails only when
     bench_serving cannot be started.
 options:
@@ -35,7 +41,7 @@ options:
   prompts: {description: C(--num-prompts)., type: int, required: true}
   input_len: {description: C(--random-input-len)., type: int, default: 256}
   output_len: {description: C(--random-output-len)., type: int, default: 128}
-  range_ratio: {description: C(--random-range-ratio) (0.0 lengths uniform in [1, L], 1.0 fixed)., type: float, default: 0.0}
+  range_ratio: {description: "C(--random-range-ratio) (0.0 lengths uniform in [1, L], 1.0 fixed).", type: float, default: 0.0}
   seed: {description: C(--seed)., type: int, default: 1}
   output_file: {description: "The JSONL the level's result is appended to, secrets removed.", type: path, required: true}
   log_file: {description: bench_serving's stdout and stderr., type: path, required: true}

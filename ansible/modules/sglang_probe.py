@@ -6,13 +6,16 @@ DOCUMENTATION = r'''
 module: sglang_probe
 short_description: Ask a running SGLang server questions with known answers and judge what it says
 description:
-  - Sends each probe's prompt to the server's OpenAI chat API (C(/v1/chat/completions), temperature 0, log-probabilities
+  - >-
+    Sends each probe's prompt to the server's OpenAI chat API (C(/v1/chat/completions), temperature 0, log-probabilities
     asked for) and judges the answer: it must contain the expected text, be non-empty, have no replacement characters
     (U+FFFD), not be a repeated-token loop, and carry only finite log-probabilities. A reasoning model may answer in
     C(reasoning_content): both C(content) and C(reasoning_content) are read.
-  - Never fails on a wrong answer: it reports (C(passed), C(problems)) and the caller decides (the smoke test rolls
+  - >-
+    Never fails on a wrong answer: it reports (C(passed), C(problems)) and the caller decides (the smoke test rolls
     back). It fails only on bad arguments.
-  - Changes nothing.
+  - >-
+    Changes nothing.
 options:
   url:
     description: The server's base URL (http://host:port).

@@ -6,13 +6,15 @@ DOCUMENTATION = r'''
 module: sglang_ready
 short_description: Wait until a systemd-run SGLang server is ready, watching the unit as well as the port
 description:
-  - Polls C(url)/health_generate (sglang generates one token: 503 while it loads or drains) until it answers 200,
+  - >-
+    Polls C(url)/health_generate (sglang generates one token: 503 while it loads or drains) until it answers 200,
     and watches the C(unit) meanwhile (C(systemctl show)). The wait ends at once, failed, when the unit has failed
     (its start limit hit, say: a port already taken makes sglang exit at every start) or when it has restarted
     C(max_restarts) times since the wait began; the message names the unit's state and result, its restarts, what
     answered at the URL, and the unit's last journal lines. A server that answers something else than 200 while the
     unit does not run (another process on the port) is named as such.
-  - Changes nothing. In check mode it reports what it would wait for, and waits for nothing.
+  - >-
+    Changes nothing. In check mode it reports what it would wait for, and waits for nothing.
 options:
   url: {description: The server's base URL (http://host:port)., type: str, required: true}
   unit: {description: The systemd unit that runs it (glm5-sglang)., type: str, required: true}
