@@ -106,12 +106,6 @@ def count_lines(path):
         return 0
 
 
-def read_line(path, index):
-    with open(path) as fh:
-        lines = [line for line in fh if line.strip()]
-    return json.loads(lines[index]) if 0 <= index < len(lines) else None
-
-
 def sample(smi, level, fh):
     try:
         out = subprocess.run([smi] + SAMPLE_ARGS, capture_output=True, text=True, timeout=20)
@@ -145,15 +139,17 @@ def scrub(value, secrets):
 
 
 def append_scrubbed(raw, output_file, secrets):
-    """bench_serving's lines from raw (its private output file), secrets removed, appended to output_file."""
+    """bench_serving's lines from raw (its private output file), secrets removed, appended to output_file.
+    -> those lines, parsed and scrubbed (none when bench_serving wrote nothing)."""
     try:
         with open(raw) as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
+            records = [scrub(json.loads(line), secrets) for line in fh if line.strip()]
     except OSError:
-        return
+        return []
     with open(output_file, 'a') as out:
-        for record in lines:
-            out.write(json.dumps(scrub(record, secrets)) + '\n')
+        for record in records:
+            out.write(json.dumps(record) + '\n')
+    return records
 
 
 def scrub_file(path, secrets):
@@ -255,11 +251,10 @@ def level(module, p, raw_output):
                 log.write('\nstopped after {0} s (timeout)\n'.format(p['timeout']))
                 break
     seconds = round(time.monotonic() - t0, 1)
-    append_scrubbed(raw_output, p['output_file'], secrets)
+    records = append_scrubbed(raw_output, p['output_file'], secrets)
     scrub_file(p['log_file'], secrets)
-    after = count_lines(p['output_file'])
-    line = after - 1 if after > before else None
-    result = read_line(p['output_file'], line) if line is not None else None
+    line = before + len(records) - 1 if records else None
+    result = records[-1] if records else None
     error = None
     if result is None:
         error = 'bench_serving {0} and wrote no result: {1} (whole log: {2})'.format(
