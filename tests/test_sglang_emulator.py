@@ -342,6 +342,17 @@ def test_the_bench_module_reports_a_crash_as_lost_requests(special, python, mode
         assert out['result']['completed'] < 16
 
 
+def test_a_level_without_a_result_names_its_log_as_the_report_names_it(python, model, tmp_path, capsys):
+    """No server at the URL: no result line; the error names the log by the path the user is told (the PVE host's,
+    as the report is named), not by the container's path it was written to."""
+    class Nothing(object):
+        url = 'http://127.0.0.1:9'
+    shown = 'pve-host:/var/lib/glm5/bench-history/run-1/bench-c4.log'
+    out = bench(Nothing(), python, model, tmp_path, capsys, prompts=4, log_file_shown=shown)
+    assert out['line'] is None and out['error'].endswith('(whole log: {0})'.format(shown)), out['error']
+    assert str(tmp_path) not in out['error']
+
+
 def test_the_bench_module_without_nvidia_smi_says_so(engine, python, model, tmp_path, capsys):
     out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='nvidia-smi-not-here')
     assert out['samples'] == 0 and 'no GPU samples' in out['gpu_note']

@@ -431,3 +431,27 @@ def test_a_report_whose_sweep_never_ran_links_only_the_plots_it_has(tmp_path):
     md = (tmp_path / 'report.md').read_text()
     assert '![gpus](gpus.png)' in md and 'throughput.png' not in md and 'latency.png' not in md, md[-300:]
     assert sorted(os.listdir(str(tmp_path))) == ['gpus.png', 'report.md', 'summary.json']
+
+
+def test_an_engine_that_restarted_during_a_level_is_said_so_and_fails_it():
+    """The engine dying mid-sweep was reported as the client's ConnectionError on /server_info; sglang_bench reads
+    the unit before and after the level and says what happened to the engine, and the level fails on it even when
+    bench_serving still wrote a line."""
+    import sglang_bench
+    before = {'ActiveState': 'active', 'SubState': 'running', 'MainPID': '4242', 'NRestarts': '0'}
+    assert sglang_bench.engine_change('glm5-sglang', before, dict(before)) is None
+    assert sglang_bench.engine_change('glm5-sglang', None, before) is None                       # not watched
+    text = sglang_bench.engine_change('glm5-sglang', before, {'ActiveState': 'activating', 'SubState': 'auto-restart',
+                                                              'MainPID': '0', 'NRestarts': '1'})
+    assert text == ('the engine stopped or restarted during this level: glm5-sglang was active (running) with main '
+                    'PID 4242; it is now activating (auto-restart), main PID none, restarted 1 time(s) by systemd '
+                    'meanwhile (journalctl -u glm5-sglang)')
+    summary, records, _ = load('healthy')
+    cfg = settings_of(summary)
+    sweep = [{'concurrency': 1, 'prompts': 8, 'line': 0, 'error': None, 'engine': text}]
+    (level,) = gs.evaluate(sweep, records, cfg)
+    assert not level['passed'] and [g for g in level['gates'] if not g['passed']] == [
+        {'gate': 'engine', 'value': None, 'threshold': None, 'passed': False, 'text': text}]
+    sweep = [{'concurrency': 1, 'prompts': 8, 'line': None, 'error': text + '; bench_serving exited 1', 'engine': text}]
+    (level,) = gs.evaluate(sweep, records, cfg)
+    assert level['gates'][0]['text'].startswith('no result from bench_serving at concurrency 1: the engine stopped')

@@ -308,6 +308,8 @@ def evaluate(sweep, records, cfg):
                            cfg['tolerance'])
         if item.get('error') and record is None:
             gates[0]['text'] += ': ' + item['error']
+        elif item.get('engine'):        # a result, but the engine did not run through the level: not a pass
+            gates.append({'gate': 'engine', 'value': None, 'threshold': None, 'passed': False, 'text': item['engine']})
         levels.append({'concurrency': item['concurrency'], 'metrics': metrics, 'gates': gates,
                        'passed': all(g['passed'] for g in gates)})
     return levels

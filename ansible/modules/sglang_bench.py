@@ -45,11 +45,24 @@ options:
   seed: {description: C(--seed)., type: int, default: 1}
   output_file: {description: "The JSONL the level's result is appended to, secrets removed.", type: path, required: true}
   log_file: {description: bench_serving's stdout and stderr., type: path, required: true}
+  log_file_shown:
+    description: >-
+      How messages name the log (the smoke test gives the PVE host's path, host:/path, as its report is named);
+      empty - C(log_file).
+    type: str
+    default: ''
   samples_file: {description: The GPU samples (JSONL, appended)., type: path, required: true}
   nvidia_smi: {description: The nvidia-smi to sample with (a name on PATH or a path)., type: str, default: nvidia-smi}
   sample_interval: {description: Seconds between GPU samples., type: float, default: 2.0}
   timeout: {description: Seconds the level may take before bench_serving is stopped., type: int, default: 3600}
   extra_args: {description: More bench_serving arguments., type: list, elements: str, default: []}
+  unit:
+    description: >-
+      The systemd unit that runs the server (glm5-sglang). Its main PID and restart count are read before and after
+      the level: an engine that stopped or restarted meanwhile is said as such (C(engine)), not as the client's
+      connection errors. Empty - not watched.
+    type: str
+    default: ''
 author: GLM-5 node maintainers
 '''
 
@@ -78,6 +91,10 @@ line:
 result: {description: That line, parsed., returned: always, type: dict}
 exit_code: {description: bench_serving's exit status (null when stopped at the timeout)., returned: always, type: int}
 error: {description: Why there is no result (the log's last lines)., returned: always, type: str}
+engine:
+  description: "How the engine stopped or restarted during the level (null: it did not, or no unit)."
+  returned: always
+  type: str
 seconds: {description: Wall time of the level., returned: always, type: float}
 samples: {description: GPU samples taken., returned: always, type: int}
 gpu_note: {description: Where the GPU figures come from, or why there are none., returned: always, type: str}
@@ -176,6 +193,36 @@ def last_error(path):
     return text if len(text) <= 300 else text[:297] + '...'
 
 
+UNIT_PROPS = ('ActiveState', 'SubState', 'MainPID', 'NRestarts')
+
+
+def unit_state(unit):
+    """The unit's state, main PID and restarts (None: not watched, or systemctl cannot tell)."""
+    if not unit:
+        return None
+    try:
+        out = subprocess.run(['systemctl', 'show', '-p', ','.join(UNIT_PROPS), unit], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = dict(line.split('=', 1) for line in out.splitlines() if '=' in line)
+    return state if state.get('MainPID') is not None else None
+
+
+def engine_change(unit, before, after):
+    """None when the engine ran through the level, else what happened to it, in words."""
+    if not before or not after:
+        return None
+    restarts = int(after.get('NRestarts') or 0) - int(before.get('NRestarts') or 0)
+    if after.get('MainPID') == before.get('MainPID') and restarts == 0 and after.get('ActiveState') == 'active':
+        return None
+    pid = after.get('MainPID') if after.get('MainPID') not in (None, '', '0') else 'none'
+    return ('the engine stopped or restarted during this level: {0} was {1} ({2}) with main PID {3}; it is now {4} '
+            '({5}), main PID {6}, restarted {7} time(s) by systemd meanwhile (journalctl -u {0})'.format(
+                unit, before.get('ActiveState'), before.get('SubState'), before.get('MainPID'), after.get('ActiveState'),
+                after.get('SubState'), pid, restarts))
+
+
 def open_files_limit(want=65535):
     """bench_serving raises its soft open-files limit to 65535 itself, but only up to the hard limit: a shell's hard
     limit (20000, or 4096 on some hosts) makes connections fail beyond it. Root raises the hard limit first; else the
@@ -220,6 +267,7 @@ def level(module, p, raw_output):
         module.warn('the open-files limit is {0}: {1} concurrent requests need more; some will fail'.format(
             nofile, p['concurrency']))
     before = count_lines(p['output_file'])
+    engine_before = unit_state(p['unit'])
     # bench_serving's progress bar (tqdm) goes to the log at most once a second: glm5 bench follows it there
     env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1',
                TQDM_MININTERVAL='1')
@@ -251,6 +299,7 @@ def level(module, p, raw_output):
                 log.write('\nstopped after {0} s (timeout)\n'.format(p['timeout']))
                 break
     seconds = round(time.monotonic() - t0, 1)
+    engine = engine_change(p['unit'], engine_before, unit_state(p['unit']))
     records = append_scrubbed(raw_output, p['output_file'], secrets)
     scrub_file(p['log_file'], secrets)
     line = before + len(records) - 1 if records else None
@@ -259,10 +308,12 @@ def level(module, p, raw_output):
     if result is None:
         error = 'bench_serving {0} and wrote no result: {1} (whole log: {2})'.format(
             'was stopped at the timeout' if code is None else 'exited {0}'.format(code), last_error(p['log_file']),
-            p['log_file'])
+            p['log_file_shown'] or p['log_file'])
+        if engine:
+            error = engine + '; ' + error
     # exit_code, not rc: Ansible takes a non-zero rc for a failed task, and a level that went wrong is the gates' call
     return dict(changed=True, concurrency=p['concurrency'], prompts=p['prompts'], line=line, result=result, exit_code=code,
-                error=error, seconds=seconds, samples=samples, gpu_note=gpu_note, cmd=cmd, open_files_limit=nofile)
+                error=error, engine=engine, seconds=seconds, samples=samples, gpu_note=gpu_note, cmd=cmd, open_files_limit=nofile)
 
 
 def main():
@@ -281,11 +332,13 @@ def main():
             seed=dict(type='int', default=1),
             output_file=dict(type='path', required=True),
             log_file=dict(type='path', required=True),
+            log_file_shown=dict(type='str', default=''),
             samples_file=dict(type='path', required=True),
             nvidia_smi=dict(type='str', default='nvidia-smi'),
             sample_interval=dict(type='float', default=2.0),
             timeout=dict(type='int', default=3600),
             extra_args=dict(type='list', elements='str', default=[]),
+            unit=dict(type='str', default=''),
         ),
         supports_check_mode=False,
     )

@@ -90,8 +90,8 @@ def read_jsonl(path):
             raise ValueError('{0}: {1}'.format(path, exc)) from None
 
 
-SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'seconds', 'samples', 'open_files_limit',
-              'gpu_note')
+SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds', 'samples',
+              'open_files_limit', 'gpu_note')
 
 
 def sweep_item(item):
