@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -435,6 +436,28 @@ class Node(object):
             return json.loads(r.stdout)
         except ValueError:
             raise OpsError('{0}: {1} is not JSON'.format(self.name, self._history_path(run, 'summary.json'))) from None
+
+    # -- the engine's lock (sglang_service's tasks/lock.yml: the transient unit <service>-lock)
+    def lock(self, what):
+        """Hold the engine's lock, as a deploy or a smoke test does, or say who holds it."""
+        unit = self.service + '-lock'
+        since = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+        desc = '{0} from {1}@{2} since {3}'.format(what, os.environ.get('USER') or 'someone', socket.gethostname(), since)
+        r = self.ssh.run('systemd-run --unit={0} --collect --quiet --description={1} --property=RuntimeMaxSec={2} '
+                         'sleep infinity'.format(shlex.quote(unit), shlex.quote(desc),
+                                                 int(self.hv.get('sglang_service_lock_max') or 14400)))
+        if r.ok:
+            self._locked = unit
+            return
+        holder = self.ssh.run('systemctl show -p Description --value {0}'.format(shlex.quote(unit)))
+        raise OpsError('{0}: another run drives the engine: {1} is held by "{2}"; try again when it is done (if that '
+                       'run is gone: systemctl stop {1} in the container)'.format(
+                           self.name, unit, holder.stdout.strip() if holder.ok else r.stderr.strip()))
+
+    def unlock(self):
+        if getattr(self, '_locked', None):
+            self.ssh.run('systemctl stop {0}'.format(shlex.quote(self._locked)))
+            self._locked = None
 
     def run_folders(self):
         r = self.pve_host.run('ls -1 {0}'.format(shlex.quote(self._history_path())))
@@ -961,6 +984,7 @@ def cmd_restart(args, inv):
         timeout = args.timeout or int(node.hv.get('sglang_service_ready_timeout'))
         stop_timeout = int(node.hv.get('sglang_service_stop_timeout')) + 60
         say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))
+        node.lock('glm5 restart')
         say('{0}: stopping {1} (running requests drain first, up to {2} s)'.format(node.name, node.service,
                                                                                    stop_timeout - 60))
         t0 = time.monotonic()
@@ -986,6 +1010,7 @@ def cmd_restart(args, inv):
         ready = round(time.monotonic() - t1, 1)
         unit = node.unit_state()
     finally:
+        node.unlock()
         node.close()
     ok = bool(health and health['ok'])
     if args.json:
