@@ -135,3 +135,17 @@ def test_bytes_that_are_not_the_published_ones_are_refused_and_removed_so_a_reru
     assert not out.get('failed') and out['changed'], out
     assert (tmp_path / 'm' / '.glm5-complete').exists()
     assert 'model-00001-of-00001.safetensors' in log, log
+
+
+def test_weights_damaged_after_they_were_marked_are_downloaded_again(capsys, hub, tmp_path):
+    """Same size, other bytes, in a complete-marked download (its mtime moves): the next run hashes that file, finds
+    it is not the hub's, forgets huggingface_hub's record of it (which says it is there) and downloads it again."""
+    dest = tmp_path / 'm'
+    run_module(capsys, **args(hub, dest))
+    path = dest / 'model-00001-of-00001.safetensors'
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    out = run_module(capsys, **args(hub, dest))
+    assert out['changed'] and out['written'] == ['model-00001-of-00001.safetensors'], out
+    assert out['damaged'] == ['model-00001-of-00001.safetensors'], out
+    assert path.read_bytes() == good and (dest / '.glm5-complete').exists()

@@ -20,11 +20,17 @@ def run_module(capsys, check_mode=False, **args):
 
 @pytest.fixture(scope='module')
 def staged(tmp_path_factory):
-    """The lab's stand-in model, built by its real script, plus a nested file (like a snapshot's subfolders)."""
-    path = tmp_path_factory.mktemp('staged') / 'GLM-5-NVFP4'
+    """The lab's stand-in model, built by its real script, plus a nested file (like a snapshot's subfolders), and its
+    SHA256SUMS made again by sha256sum itself, as a user makes it."""
+    return make_staged(tmp_path_factory.mktemp('staged') / 'GLM-5-NVFP4')
+
+
+def make_staged(path):
     subprocess.run([sys.executable, STAND_IN, str(path)], check=True, capture_output=True)
     (path / 'extra').mkdir()
     (path / 'extra' / 'notes.txt').write_text('nested\n')
+    subprocess.run('find . -type f ! -name SHA256SUMS -print0 | sort -z | xargs -0 sha256sum > SHA256SUMS', shell=True,
+                   cwd=str(path), check=True)
     return str(path)
 
 
@@ -42,7 +48,7 @@ def test_copy_verify_mark_then_nothing_to_do(capsys, staged, tmp_path):
 
 def test_hard_links_on_the_same_filesystem(capsys, staged):
     dest = os.path.join(os.path.dirname(staged), 'cache', 'm')
-    out = run_module(capsys, src=staged, dest=dest)
+    out = run_module(capsys, src=staged, dest=dest, link=True)
     assert out['changed']
     assert os.stat(os.path.join(dest, 'model.safetensors')).st_ino == os.stat(
         os.path.join(staged, 'model.safetensors')).st_ino
@@ -91,3 +97,69 @@ def test_bad_source(capsys, tmp_path, make, words):
     out = run_module(capsys, src=src, dest=str(tmp_path / 'm'))
     assert out['failed'] and words in out['msg']
     assert not os.path.exists(str(tmp_path / 'm'))
+
+
+def test_copies_by_default_so_damage_to_the_cache_heals_from_the_staged_copy(capsys, staged, tmp_path):
+    """Same size, other bytes, in the cache of a complete-marked model (its mtime moves): the next run notices
+    without hashing the rest, says so, and places the staged file again."""
+    dest = str(tmp_path / 'm')
+    run_module(capsys, src=staged, dest=dest)
+    path = os.path.join(dest, 'model.safetensors')
+    assert os.stat(path).st_ino != os.stat(os.path.join(staged, 'model.safetensors')).st_ino
+    data = bytearray(open(path, 'rb').read())
+    data[-1] ^= 0xFF
+    with open(path, 'r+b') as fh:
+        fh.write(bytes(data))
+    os.utime(path, (1, 1))
+    out = run_module(capsys, src=staged, dest=dest)
+    assert out['changed'] and out['written'] == ['model.safetensors'], out
+    assert out['damaged'] == ['model.safetensors'], out            # and a warning naming it
+    assert open(path, 'rb').read() == open(os.path.join(staged, 'model.safetensors'), 'rb').read()
+    again = run_module(capsys, src=staged, dest=dest)
+    assert not again['changed']
+
+
+def test_a_damaged_staged_copy_is_caught_by_its_sums_not_blessed(capsys, tmp_path):
+    """Hard-linked (asked for), a weights file truncated in the cache is truncated in the staged copy too: it was
+    re-verified against itself and marked complete. Against SHA256SUMS it fails, naming the file, unmarked."""
+    staged = make_staged(tmp_path / 'staged' / 'GLM-5-NVFP4')
+    dest = str(tmp_path / 'staged' / 'cache')
+    run_module(capsys, src=staged, dest=dest, link=True)
+    with open(os.path.join(dest, 'model.safetensors'), 'r+b') as fh:
+        fh.truncate(10)
+    out = run_module(capsys, src=staged, dest=dest, link=True)
+    assert out['failed'], out
+    assert 'the staged file {0} is damaged: sha256 '.format(os.path.join(staged, 'model.safetensors')) in out['msg']
+    assert 'SHA256SUMS says' in out['msg'] and 'nothing is marked complete' in out['msg']
+    assert not os.path.exists(os.path.join(dest, '.glm5-complete'))
+
+
+def test_a_staged_model_without_its_sums_is_refused_before_anything(capsys, tmp_path):
+    staged = make_staged(tmp_path / 'staged')
+    os.unlink(os.path.join(staged, 'SHA256SUMS'))
+    out = run_module(capsys, src=staged, dest=str(tmp_path / 'm'))
+    assert out['failed'] and 'has no list of sha256 sums to check it against' in out['msg'], out
+    assert 'sha256sum > SHA256SUMS' in out['msg'] and not os.path.exists(str(tmp_path / 'm'))
+    trusted = run_module(capsys, src=staged, dest=str(tmp_path / 'm'), checksums='')      # the user's choice
+    assert trusted['changed'] and trusted['marker']['verified_against'].startswith('the staged files themselves')
+
+
+def test_a_staged_file_missing_from_its_sums_is_refused(capsys, tmp_path):
+    staged = make_staged(tmp_path / 'staged')
+    with open(os.path.join(staged, 'stray.bin'), 'w') as fh:
+        fh.write('x')
+    out = run_module(capsys, src=staged, dest=str(tmp_path / 'm'))
+    assert out['failed'] and 'not in the list: stray.bin' in out['msg'] and 'nothing was changed' in out['msg'], out
+    assert not os.path.exists(str(tmp_path / 'm'))
+
+
+def test_a_file_touched_but_sound_is_hashed_once_and_recorded(capsys, staged, tmp_path):
+    """A marker whose mtimes are not the files' (touched; or written by an older version, without mtimes): the files
+    are hashed, found sound, and the marker records their mtimes, so the run after hashes nothing."""
+    dest = str(tmp_path / 'm')
+    run_module(capsys, src=staged, dest=dest)
+    os.utime(os.path.join(dest, 'config.json'), (2, 2))
+    out = run_module(capsys, src=staged, dest=dest)
+    assert out['changed'] and out['written'] == [] and out['damaged'] == [], out
+    assert out['marker']['files']['config.json']['mtime_ns'] == 2 * 10 ** 9
+    assert not run_module(capsys, src=staged, dest=dest)['changed']

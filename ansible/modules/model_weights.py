@@ -8,8 +8,11 @@ short_description: Put model weights into the model cache, verified, and mark th
 description:
   - >-
     With I(source=path), fills I(dest) from a staged directory I(src) (an air-gapped host's copy of the model):
-    files hard-linked when I(link) and on the same filesystem, else copied through a temporary name; every file
-    checked against the source by size and sha256.
+    files copied through a temporary name (hard-linked only with I(link), which makes damage to one damage to
+    both); every staged file is checked against an independent list of sha256 sums, I(checksums) (sha256sum's
+    format: made from the hub's listing, or by C(sha256sum) on a copy you trust), before it is placed, and every
+    placed file against the same sum. A staged file that does not match its sum fails the run, naming it; nothing
+    is marked complete.
   - >-
     With I(source=hub), downloads I(repo) at the pinned I(revision) from the Hugging Face hub (or I(endpoint)) with
     huggingface_hub's snapshot_download into I(dest) (resumable; only I(allow_patterns)), then checks every file's
@@ -20,9 +23,11 @@ description:
     otherwise tell every later run that the file is there): the run fails naming each, and the next run fetches
     them again.
   - >-
-    The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256) is removed before
-    anything is written and written last, so a cut run is resumed, never served. A later run that finds the
-    marker with the same file list and sizes on both sides changes nothing (no re-hashing of hundreds of GB).
+    The completeness marker C(dest/.glm5-complete) (JSON - source, file list, sizes, sha256, mtimes) is removed
+    before anything is written and written last, so a cut run is resumed, never served. A later run that finds the
+    marker with the same file list and sizes changes nothing; a file whose mtime is not the marker's is hashed
+    (all of them with I(verify=full)), and one that no longer matches its sha256 is placed or downloaded again,
+    with a warning naming it.
   - >-
     Never deletes a file it did not write (a downloaded file that failed its check is one it wrote), and never
     touches I(src).
@@ -39,7 +44,23 @@ options:
     default: ['*']
   token: {description: Hugging Face token (gated repositories)., type: str, no_log: true}
   endpoint: {description: The hub's address (HF_ENDPOINT); empty is huggingface.co., type: str}
-  link: {description: Hard-link instead of copying when src and dest share a filesystem., type: bool, default: true}
+  link:
+    description: >-
+      Hard-link instead of copying when src and dest share a filesystem (saves the space of a copy; damage to one
+      is then damage to both, and only I(checksums) can tell).
+    type: bool
+    default: false
+  checksums:
+    description: >-
+      The staged model's list of sha256 sums (source path), sha256sum's format, relative to I(src) or absolute;
+      every staged file must be in it. Empty - the staged copy is trusted as it is (not recommended).
+    type: str
+    default: SHA256SUMS
+  verify:
+    description: "quick - hash only files whose size or mtime is not the marker's; full - hash every file."
+    type: str
+    choices: [quick, full]
+    default: quick
   exclude:
     description: Top-level names not taken from src.
     type: list
@@ -59,6 +80,10 @@ RETURN = r'''
 files: {description: Number of files in the model., returned: always, type: int}
 bytes: {description: Their total size., returned: always, type: int}
 written: {description: Files copied or linked in this run (would be, in check mode)., returned: always, type: list}
+damaged:
+  description: Files of a complete-marked model that no longer matched their recorded sha256 (placed again).
+  returned: always
+  type: list
 marker: {description: The completeness marker's content., returned: success, type: dict}
 '''
 
@@ -66,6 +91,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -138,23 +164,56 @@ def write_marker(dest, marker):
     os.replace(tmp, os.path.join(dest, MARKER))
 
 
+def mtime(path):
+    return os.stat(path).st_mtime_ns
+
+
+def damaged_files(module, dest, marker, full):
+    """The marker's files whose mtime is not the one recorded (every file with full) and whose sha256 is no
+    longer the marker's: damaged since they were verified."""
+    out = []
+    for rel, rec in sorted(marker.get('files', {}).items()):
+        path = os.path.join(dest, rel)
+        if (full or rec.get('mtime_ns') != mtime(path)) and sha256(path) != rec.get('sha256'):
+            out.append(rel)
+    if out:
+        module.warn('{0}: {1} no longer match{2} the sha256 recorded when {3} verified: placed again'.format(
+            dest, ', '.join(out), 'es' if len(out) == 1 else '', 'it was' if len(out) == 1 else 'they were'))
+    return out
+
+
 def start(module, dest, source, sizes, exclude):
     """What both sources do first: (result, None) when there is nothing to do (the marker names this source and
-    these files and sizes, and they are there) or in check mode; else the marker is removed, since nothing is
-    complete again until verified, and (None, the files to write) is returned."""
+    these files and sizes, they are there, and those whose mtime moved still hash to the marker's sha256) or in
+    check mode; else the marker is removed, since nothing is complete again until verified, and (None, the files
+    to write) is returned."""
     marker = read_marker(dest)
     have = listing(dest, exclude) if os.path.isdir(dest) else {}
+    damaged = []
     if marker and marker.get('source') == source and \
             {k: v['size'] for k, v in marker.get('files', {}).items()} == sizes and \
             all(have.get(k) == v for k, v in sizes.items()):
-        return dict(changed=False, files=len(sizes), bytes=sum(sizes.values()), written=[], marker=marker), None
-    todo = sorted(k for k, v in sizes.items() if have.get(k) != v)
+        damaged = damaged_files(module, dest, marker, module.params['verify'] == 'full')
+        if not damaged:
+            moved = [k for k, v in marker['files'].items() if v.get('mtime_ns') != mtime(os.path.join(dest, k))]
+            if not moved or module.check_mode:
+                return dict(changed=bool(moved), files=len(sizes), bytes=sum(sizes.values()), written=[],
+                            damaged=[], marker=marker), None, []
+            # hashed and sound, but not at the mtime recorded (a marker of an older version has none): recorded
+            # now, so the next run does not hash them again
+            for k in moved:
+                marker['files'][k]['mtime_ns'] = mtime(os.path.join(dest, k))
+            write_marker(dest, marker)
+            return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=[], damaged=[],
+                        marker=marker), None, []
+    todo = sorted(set(k for k, v in sizes.items() if have.get(k) != v) | set(damaged))
     if module.check_mode:
-        return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, marker=marker or {}), None
+        return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, damaged=damaged,
+                    marker=marker or {}), None, damaged
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(dest, MARKER)):
         os.unlink(os.path.join(dest, MARKER))
-    return None, todo
+    return None, todo, damaged
 
 
 def hub_error(exc, p):
@@ -191,9 +250,12 @@ def from_hub(module):
                                                                                     p['allow_patterns']))
     source = 'hub:{0}@{1}'.format(p['repo'], info.sha)
     sizes = dict((k, s.size) for k, s in wanted.items())
-    result, todo = start(module, dest, source, sizes, set(p['exclude']))
+    result, todo, damaged = start(module, dest, source, sizes, set(p['exclude']))
     if result:
         return result
+    for rel in todo:        # a file there under its final name is taken for present by huggingface_hub's record
+        if os.path.exists(os.path.join(dest, rel)):
+            forget_download(dest, rel)
     try:
         snapshot_download(p['repo'], revision=info.sha, allow_patterns=sorted(wanted), local_dir=dest,
                           token=p['token'] or None, endpoint=p['endpoint'] or None)
@@ -211,7 +273,7 @@ def from_hub(module):
         elif sib.lfs is None and sib.blob_id and git_blob_sha(path) != sib.blob_id:
             bad.append('{0}: not the file the hub has at {1} (git blob sha differs)'.format(path, info.sha))
         else:
-            files[rel] = {'size': sib.size, 'sha256': digest}
+            files[rel] = {'size': sib.size, 'sha256': digest, 'mtime_ns': mtime(path)}
             continue
         forget_download(dest, rel)
     if bad:
@@ -219,7 +281,7 @@ def from_hub(module):
                              '{1} again'.format('; '.join(bad), 'it' if len(bad) == 1 else 'them'))
     marker = {'source': source, 'files': files, 'bytes': sum(sizes.values())}
     write_marker(dest, marker)
-    return dict(changed=True, files=len(files), bytes=marker['bytes'], written=todo, marker=marker)
+    return dict(changed=True, files=len(files), bytes=marker['bytes'], written=todo, damaged=damaged, marker=marker)
 
 
 def forget_download(dest, rel):
@@ -254,15 +316,32 @@ def run(module):
         module.fail_json(msg='the staged model directory {0} does not exist'.format(src))
     if not os.path.isfile(os.path.join(src, 'config.json')):
         module.fail_json(msg='{0} has no config.json: not a model directory'.format(src))
+    sums, sums_name = None, None
+    if p['checksums']:
+        sums_path = p['checksums'] if os.path.isabs(p['checksums']) else os.path.join(src, p['checksums'])
+        sums_name = os.path.relpath(sums_path, src)
+        exclude.add(sums_name)
+        sums = read_sums(module, sums_path, src)
     want = listing(src, exclude)
-    result, todo = start(module, dest, src, want, exclude)
+    if sums is not None:
+        unlisted = sorted(set(want) - set(sums))
+        missing = sorted(set(sums) - set(want))
+        if unlisted or missing:
+            module.fail_json(msg='{0} and {1} disagree: {2}{3}; nothing was changed'.format(
+                src, sums_name, ('not in the list: ' + ', '.join(unlisted[:5])) if unlisted else '',
+                ('{0}listed but not staged: '.format('; ' if unlisted else '') + ', '.join(missing[:5])) if missing else ''))
+    result, todo, damaged = start(module, dest, src, want, exclude)
     if result:
         return result
     files = {}
     for rel in sorted(want):
         s, d = os.path.join(src, rel), os.path.join(dest, rel)
-        expected = sha256(s)
+        expected = sums[rel] if sums is not None else sha256(s)
         if rel in todo or sha256(d) != expected:
+            if sums is not None and sha256(s) != expected:
+                module.fail_json(msg='the staged file {0} is damaged: sha256 {1}, {2} says {3}; not placed, nothing is '
+                                     'marked complete (stage a good copy of it)'.format(s, sha256(s), sums_name,
+                                                                                        expected))
             place(s, d, p['link'])
             if rel not in todo:
                 todo.append(rel)
@@ -270,10 +349,35 @@ def run(module):
         if got != expected or os.path.getsize(d) != want[rel]:
             module.fail_json(msg='{0}: sha256 {1} after copying, the staged file has {2}; not marked complete'.format(
                 d, got, expected))
-        files[rel] = {'size': want[rel], 'sha256': expected}
-    marker = {'source': src, 'files': files, 'bytes': sum(want.values())}
+        files[rel] = {'size': want[rel], 'sha256': expected, 'mtime_ns': mtime(d)}
+    marker = {'source': src, 'files': files, 'bytes': sum(want.values()),
+              'verified_against': sums_name or 'the staged files themselves (no checksums)'}
     write_marker(dest, marker)
-    return dict(changed=True, files=len(want), bytes=marker['bytes'], written=sorted(todo), marker=marker)
+    return dict(changed=True, files=len(want), bytes=marker['bytes'], written=sorted(todo), damaged=damaged,
+                marker=marker)
+
+
+SUM_LINE = re.compile(r'^([0-9a-fA-F]{64}) [ *](.+)$')
+
+
+def read_sums(module, path, src):
+    """sha256sum's output -> {relative path: sha256}; a missing or unreadable list fails before anything changes."""
+    try:
+        with open(path) as fh:
+            lines = [x.rstrip('\n') for x in fh if x.strip()]
+    except OSError as exc:
+        module.fail_json(msg=(
+            'the staged model {0} has no list of sha256 sums to check it against ({1}: {2}): make one from the hub\'s '
+            'listing, or on a copy you trust: cd {0} && find . -type f ! -name {3} -print0 | sort -z | xargs -0 '
+            'sha256sum > {3}; nothing was changed (sglang_model_staged_checksums: "" trusts the staged copy as it '
+            'is)').format(src, path, exc.strerror, os.path.basename(path)))
+    sums = {}
+    for n, line in enumerate(lines, 1):
+        m = SUM_LINE.match(line)
+        if not m:
+            module.fail_json(msg='{0}, line {1}: not a sha256sum line: {2!r}'.format(path, n, line[:100]))
+        sums[os.path.normpath(m.group(2))] = m.group(1).lower()
+    return sums
 
 
 def main():
@@ -287,7 +391,9 @@ def main():
             allow_patterns=dict(type='list', elements='str', default=['*']),
             token=dict(type='str', no_log=True),
             endpoint=dict(type='str'),
-            link=dict(type='bool', default=True),
+            link=dict(type='bool', default=False),
+            checksums=dict(type='str', default='SHA256SUMS'),
+            verify=dict(type='str', choices=['quick', 'full'], default='quick'),
             exclude=dict(type='list', elements='str', default=['.cache', '.git', MARKER]),
         ),
         supports_check_mode=True,
