@@ -7,6 +7,8 @@ import concurrent.futures
 import json
 import os
 import shlex
+import socket
+import subprocess
 
 import pytest
 from siterun import site
@@ -58,3 +60,23 @@ def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_r
     one_line_error(restart, 1, 'another run drives the engine: {0} is held by "a test holds the engine"'.format(LOCK))
     assert ssh('systemctl', 'show', '-p', 'ActiveEnterTimestamp', '--value', 'glm5-sglang').stdout == state, \
         'glm5 restart did not restart the engine under the lock'
+
+
+@pytest.mark.stack
+def test_a_lock_left_by_a_run_that_is_gone_is_taken_over(stack_node):
+    """A deploy killed or interrupted (Ctrl-C: its `always` does not run) leaves the lock held: the next run from this
+    controller sees that the holder's process is gone and takes it over at once, instead of waiting and failing."""
+    inventory, before = stack_node[0], runs()
+    gone = subprocess.Popen(['true'])
+    gone.wait()
+    desc = 'smoke test 1 from root@{0} pid {1} since 2026-01-01T00:00:00Z'.format(socket.gethostname(), gone.pid)
+    held = ssh('systemd-run', '--unit=' + LOCK, '--collect', shlex.quote('--description=' + desc), 'sleep', '600')
+    assert held.returncode == 0, held.stderr
+    try:
+        run = site({'sglang_smoke_levels': [1], 'sglang_service_lock_wait': 6}, '--tags', 'smoke',
+                   inventory=inventory, sglang=True)
+    finally:
+        ssh('systemctl', 'stop', LOCK)
+    assert run.rc == 0, run
+    assert 'took over {0}, left by "{1}": that process is gone from this controller'.format(LOCK, desc) in run.out, run
+    assert len(runs()) == len(before) + 1
