@@ -25,6 +25,7 @@ import getpass
 import json
 import os
 import re
+import secrets
 import shlex
 import socket
 import subprocess
@@ -760,10 +761,9 @@ TQDM = re.compile(r'(\d+)/(\d+) \[')
 
 class Progress(object):
     """A bar per level from bench_serving's own progress bar in the level's log (the run folder)."""
-    def __init__(self, node, levels, prompts, out):
+    def __init__(self, node, levels, prompts, out, run):
         self.node, self.levels, self.prompts, self.out = node, levels, prompts, out
-        self.run, self.done, self.tty = None, set(), out.isatty()
-        self.before = node.run_folders()
+        self.run, self.started, self.done, self.tty = run, False, set(), out.isatty()
         self.t0, self.level_t0 = time.monotonic(), {}
 
     def _count(self, level):
@@ -787,11 +787,10 @@ class Progress(object):
             '' if not final or done == total else '  (incomplete)')
 
     def poll(self, finished=False):
-        if self.run is None:
-            new = sorted(self.node.run_folders() - self.before)
-            if not new:
+        if not self.started:              # its folder not there yet: it may wait for the engine's lock
+            self.started = self.run in self.node.run_folders()
+            if not self.started:
                 return
-            self.run = new[-1]
         counts = {}
         for lv in self.levels:          # the levels run in order: one that has not started, nor have the later ones
             if lv in self.done:
@@ -816,7 +815,9 @@ def cmd_bench(args, inv):
     node = Node(inv, name)
     hv = node.hv
     levels = args.levels or hv.get('sglang_smoke_levels')
-    extra = {'sglang_smoke_levels': levels}
+    # its own run id: another run beside it (a deploy, a second operator) makes a folder of its own
+    run_id = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%SZ', time.gmtime()), secrets.token_hex(4), name)
+    extra = {'sglang_smoke_levels': levels, 'sglang_smoke_run_id': run_id}
     note = None
     if args.lengths:
         extra['sglang_smoke_input_len'], extra['sglang_smoke_output_len'] = args.lengths
@@ -844,7 +845,7 @@ def cmd_bench(args, inv):
         cmd += ['--vault-password-file', path]
     if inv.ask_vault_pass:
         cmd.append('--ask-vault-pass')      # it asks on the terminal (/dev/tty) again: its output goes to a log
-    progress = Progress(node, levels, prompts, sys.stderr if args.json else sys.stdout)
+    progress = Progress(node, levels, prompts, sys.stderr if args.json else sys.stdout, run_id)
     if not args.json:
         print('{0}: the smoke test on demand, concurrency {1}{2}'.format(name, ', '.join(map(str, levels)),
                                                                         ' (' + note + ')' if note else ''), flush=True)
@@ -864,7 +865,7 @@ def cmd_bench(args, inv):
         log.seek(0)
         output = log.read()
     run = progress.run
-    summary = node.summary(run) if run else None
+    summary = node.summary(run)
     node.close()
     if summary is None:
         raise OpsError('{0}: the bench playbook ended (exit {1}) without a report: {2}'.format(
