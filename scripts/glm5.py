@@ -443,8 +443,8 @@ class Node(object):
         """Hold the engine's lock, as a deploy or a smoke test does, or say who holds it."""
         unit = self.service + '-lock'
         since = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
-        desc = '{0} from {1}@{2} pid {3} since {4}'.format(what, os.environ.get('USER') or 'someone', socket.gethostname(),
-                                                          os.getpid(), since)
+        desc = '{0} from {1}@{2} pid {3} since {4}'.format(what, getpass.getuser(), socket.gethostname(), os.getpid(),
+                                                          since)
         r = self.ssh.run('systemd-run --unit={0} --collect --quiet --description={1} --property=RuntimeMaxSec={2} '
                          'sleep infinity'.format(shlex.quote(unit), shlex.quote(desc),
                                                  int(self.hv.get('sglang_service_lock_max') or 14400)))

@@ -2,29 +2,18 @@
 in the container): a lock held too long fails a run naming its holder, before anything is done, and glm5 restart
 refuses it the same way. Two runs at once, and a lock left by a run that is gone: tests/test_history_faults.py (its
 recovery runs are those two)."""
-import json
 import os
-import shlex
 
 import pytest
 from siterun import site
-from test_glm5_ops import GLM5, HISTORY, NAME, glm5, one_line_error, ssh
-
-LOCK = 'glm5-sglang-lock'
-
-
-def runs():
-    with open(os.path.join(HISTORY, 'index.jsonl')) as fh:
-        return [json.loads(line)['run'] for line in fh if line.strip()]
+from test_glm5_ops import GLM5, LOCK, NAME, glm5, hold_lock, one_line_error, ssh
+from test_glm5_ops import history_runs as runs
 
 
 @pytest.mark.stack
 def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_refuses(stack_node):
     inventory, before = stack_node[0], runs()
-    held = ssh('systemd-run', '--unit=' + LOCK, '--collect', shlex.quote('--description=a test holds the engine'),
-               'sleep', '600')
-    assert held.returncode == 0, held.stderr
-    assert ssh('systemctl', 'is-active', LOCK).stdout.strip() == 'active'
+    hold_lock('a test holds the engine')
     try:
         run = site({'sglang_smoke_levels': [1], 'sglang_service_lock_wait': 6}, '--tags', 'smoke',
                    inventory=inventory, sglang=True)

@@ -5,6 +5,7 @@ the lab host. Every call goes through -i with the node's own inventory (its Mole
 group_vars). Tests that change the node put it back: the unit restarted or redeployed, healthy at the end."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -64,6 +65,22 @@ def ssh(*cmd, stdin=None, timeout=120):
                            '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', NODE['lab_known_hosts_name']),
                            '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
                           input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+LOCK = 'glm5-sglang-lock'      # the engine's lock in the container (sglang_service's tasks/lock.yml)
+
+
+def hold_lock(description):
+    """Hold the engine's lock as another run would, with its description (who holds it)."""
+    held = ssh('systemd-run', '--unit=' + LOCK, '--collect', shlex.quote('--description=' + description), 'sleep', '600')
+    assert held.returncode == 0, held.stderr
+    assert ssh('systemctl', 'is-active', LOCK).stdout.strip() == 'active'
+
+
+def history_runs():
+    """The run ids of the node's bench-history index, in its order."""
+    with open(os.path.join(HISTORY, 'index.jsonl')) as fh:
+        return [json.loads(line)['run'] for line in fh if line.strip()]
 
 
 def one_line_error(p, code, *words):

@@ -9,23 +9,15 @@ run from the index (its read-modify-write) and, started in one second, shared a 
 (its `always` never ran) would hold up every later run. Now the first takes the gone run's lock over at once, the
 second (glm5 bench) waits for it and follows its own run, both pass and both are in the index under their own ids."""
 import concurrent.futures
-import json
 import os
-import shlex
 import socket
 import subprocess
 import time
 
 import pytest
 from siterun import site
-from test_glm5_ops import HISTORY, NAME, glm5, ssh
-
-LOCK = 'glm5-sglang-lock'
-
-
-def runs():
-    with open(os.path.join(HISTORY, 'index.jsonl')) as fh:
-        return [json.loads(line)['run'] for line in fh if line.strip()]
+from test_glm5_ops import HISTORY, LOCK, NAME, glm5, hold_lock, ssh
+from test_glm5_ops import history_runs as runs
 
 
 @pytest.mark.stack
@@ -49,8 +41,7 @@ def test_a_history_that_cannot_be_written_still_tells_the_verdict_and_what_is_lo
     gone = subprocess.Popen(['true'])
     gone.wait()
     desc = 'smoke test 1 from root@{0} pid {1} since 2026-01-01T00:00:00Z'.format(socket.gethostname(), gone.pid)
-    held = ssh('systemd-run', '--unit=' + LOCK, '--collect', shlex.quote('--description=' + desc), 'sleep', '600')
-    assert held.returncode == 0, held.stderr
+    hold_lock(desc)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             smoke = pool.submit(site, {'sglang_smoke_levels': [1], 'sglang_service_lock_wait': 120}, '--tags', 'smoke',

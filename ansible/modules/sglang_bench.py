@@ -112,6 +112,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glm5_systemd import unit_state
 from ansible.module_utils.nvidia_facts import SAMPLE_ARGS, NvidiaParseError, parse_sample_csv
 
 
@@ -193,19 +194,14 @@ def last_error(path):
     return text if len(text) <= 300 else text[:297] + '...'
 
 
-UNIT_PROPS = ('ActiveState', 'SubState', 'MainPID', 'NRestarts')
-
-
-def unit_state(unit):
+def watched(unit):
     """The unit's state, main PID and restarts (None: not watched, or systemctl cannot tell)."""
     if not unit:
         return None
     try:
-        out = subprocess.run(['systemctl', 'show', '-p', ','.join(UNIT_PROPS), unit], capture_output=True, text=True,
-                             timeout=60).stdout
+        state = unit_state(unit)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    state = dict(line.split('=', 1) for line in out.splitlines() if '=' in line)
     return state if state.get('MainPID') is not None else None
 
 
@@ -267,7 +263,7 @@ def level(module, p, raw_output):
         module.warn('the open-files limit is {0}: {1} concurrent requests need more; some will fail'.format(
             nofile, p['concurrency']))
     before = count_lines(p['output_file'])
-    engine_before = unit_state(p['unit'])
+    engine_before = watched(p['unit'])
     # bench_serving's progress bar (tqdm) goes to the log at most once a second: glm5 bench follows it there
     env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1',
                TQDM_MININTERVAL='1')
@@ -299,7 +295,7 @@ def level(module, p, raw_output):
                 log.write('\nstopped after {0} s (timeout)\n'.format(p['timeout']))
                 break
     seconds = round(time.monotonic() - t0, 1)
-    engine = engine_change(p['unit'], engine_before, unit_state(p['unit']))
+    engine = engine_change(p['unit'], engine_before, watched(p['unit']))
     records = append_scrubbed(raw_output, p['output_file'], secrets)
     scrub_file(p['log_file'], secrets)
     line = before + len(records) - 1 if records else None

@@ -50,16 +50,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-
-PROPS = ('ActiveState', 'SubState', 'Result', 'NRestarts', 'MainPID')
-
-
-def unit_state(unit):
-    out = subprocess.run(['systemctl', 'show', '-p', ','.join(PROPS), unit], capture_output=True, text=True,
-                         timeout=60).stdout
-    state = dict(line.split('=', 1) for line in out.splitlines() if '=' in line)
-    state['NRestarts'] = int(state.get('NRestarts') or 0)
-    return state
+from ansible.module_utils.glm5_systemd import unit_state
 
 
 def health(url, timeout=30):
