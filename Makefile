@@ -52,11 +52,10 @@ $(VENV)/.installed: requirements.txt requirements-lab.txt
 	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements-lab.txt
 	touch $@
 
-# The day-2 ops command (scripts/glm5.py) on the venv's PATH: .venv/bin/glm5
-$(VENV)/bin/glm5: $(VENV)/.installed
-	printf '#!/bin/sh\n# glm5, the day-2 ops command: scripts/glm5.py (installed by make)\nexec "%s" "%s" "$$@"\n' \
-		"$(abspath $(PY))" "$(abspath scripts/glm5.py)" > $@
-	chmod 0755 $@
+# The project itself, editable from this checkout (pyproject.toml): the `glm5` and `glm5-lab` console scripts.
+$(VENV)/bin/glm5: $(VENV)/.installed pyproject.toml
+	$(VENV)/bin/uv pip install --quiet --no-deps --python $(PY) -e .
+	touch $@
 
 venv: $(VENV)/.installed $(VENV)/bin/glm5
 
@@ -64,10 +63,10 @@ lab-up: venv  ## start the lab (idempotent)
 	$(call step,lab-up,$(ANSIBLE_PLAYBOOK) ansible/playbooks/lab_up.yml)
 
 lab-down: venv  ## stop lab containers and fakepve; state is kept
-	$(PY) scripts/lab/labd.py stop
+	$(VENV)/bin/glm5-lab stop
 
 lab-purge: venv  ## destroy lab containers and forget the lab's API state; host caches stay
-	$(PY) scripts/lab/labd.py purge
+	$(VENV)/bin/glm5-lab purge
 
 lint: venv
 	$(call step,lint,bash -c 'set -e; $(VENV)/bin/yamllint -s .; $(VENV)/bin/ruff check ansible scripts tests molecule; \

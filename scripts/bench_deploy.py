@@ -53,8 +53,7 @@ def du(path):
 
 
 def lab_template_dir():
-    sys.path.insert(0, os.path.join(ROOT, 'scripts', 'lab'))
-    from labd import lab_paths_from_inventory
+    from glm5_lab.labd import lab_paths_from_inventory
     return lab_paths_from_inventory()['lab_template_dir']
 
 
@@ -87,7 +86,7 @@ def main():
     with c.cd(ROOT):
         nodes = c.run(VENV + '/ansible-inventory -i inventories/lab --graph inference_nodes', hide=True).stdout
         names = ','.join(re.findall(r'--(\S+)$', nodes, re.M))
-        c.run(VENV + '/python scripts/lab/labd.py purge', hide=True, warn=True)
+        c.run(VENV + '/glm5-lab purge', hide=True, warn=True)
         if args.cold:
             shutil.rmtree(lab_template_dir(), ignore_errors=True)
         if args.cold_wheels and os.path.isdir(wheel_cache()):

@@ -1,19 +1,15 @@
-"""Make the project's own modules and module_utils importable the way Ansible imports them."""
+"""The project's module_utils importable as Ansible imports them (`ansible.module_utils.<name>`); the modules, filters
+and scripts come from pytest's pythonpath (pyproject.toml)."""
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for sub in ('ansible/modules', 'ansible/filter_plugins', 'ansible/module_utils', 'scripts/lab', 'tests'):
-    sys.path.insert(0, os.path.join(ROOT, sub))
+import pytest
+from glm5.project import ROOT
+
 try:
-    import ansible.module_utils
+    from glm5.project import use_module_utils
+    use_module_utils()
 except ImportError:  # a GPU machine running only tests/test_gpu_host.py has no Ansible
     pass
-else:
-    ansible.module_utils.__path__.append(os.path.join(ROOT, 'ansible', 'module_utils'))
-
-
-import pytest  # noqa: E402
 
 LANE_MARKERS = ('stack', 'ct', 'host')
 
@@ -35,7 +31,7 @@ def lab_api():
     """
     if os.environ.get('GLM5_LAB') != '1':
         pytest.skip('needs the running lab: run through `make test` (it sets GLM5_LAB=1 after make lab-up)')
-    import labd
+    from glm5_lab import labd
     from proxmoxer import ProxmoxAPI
     p = labd.paths()
     if not labd.api_answers(p):

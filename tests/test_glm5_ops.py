@@ -13,8 +13,8 @@ import threading
 import time
 import urllib.request
 
-import labd
 import pytest
+from glm5_lab import labd
 from sglang_smoke import env_file_value
 from siterun import ROOT, scenario_nodes, site
 
@@ -407,11 +407,11 @@ def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inv
 
 def inventory_var(inventory, node, var, *vault_files):
     """glm5's inventory reading in a process of its own (Ansible's vault context is set once per process)."""
-    code = ('import sys; sys.path.insert(0, {0!r}); import glm5\n'
+    code = ('from glm5 import cli\n'
             'try:\n'
-            '    print(glm5.Inventory({1!r}, {2!r}).host_vars({3!r}).get({4!r}))\n'
-            'except glm5.OpsError as exc:\n'
-            '    print("ERROR", exc)\n').format(os.path.join(ROOT, 'scripts'), inventory, list(vault_files), node, var)
+            '    print(cli.Inventory({0!r}, {1!r}).host_vars({2!r}).get({3!r}))\n'
+            'except cli.OpsError as exc:\n'
+            '    print("ERROR", exc)\n').format(inventory, list(vault_files), node, var)
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120).stdout.strip()
 
 

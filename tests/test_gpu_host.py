@@ -5,6 +5,7 @@ nvidia_passthrough filter. Here the same list is built from the real /dev of a G
 result is checked against what the driver itself reports (nvidia-smi -q -x, /proc/devices).
 Run there with: python3 -m pytest -m gpu tests/test_gpu_host.py
 """
+import importlib.util
 import os
 import re
 import shutil
@@ -13,8 +14,23 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
+from glm5.project import ROOT
 from nvidia_devices import nvidia_passthrough, nvidia_passthrough_problems
-from nvidia_facts import parse_smi_xml
+
+
+def _nvidia_facts():
+    """ansible.module_utils.nvidia_facts; on a GPU machine without Ansible, the same file loaded by its path."""
+    try:
+        from ansible.module_utils import nvidia_facts
+    except ImportError:
+        spec = importlib.util.spec_from_file_location(
+            'nvidia_facts', os.path.join(ROOT, 'ansible', 'module_utils', 'nvidia_facts.py'))
+        nvidia_facts = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(nvidia_facts)
+    return nvidia_facts
+
+
+parse_smi_xml = _nvidia_facts().parse_smi_xml
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +122,7 @@ def test_facts_module_on_a_real_host(host, capsys):
 def test_the_smoke_tests_gpu_sample_query_on_a_real_gpu(host, tmp_path):
     """The query sglang_bench samples with during the sweep: every GPU, every figure a number. With torch on the
     machine, a sample taken under a matmul load shows the GPU busy. GLM5_RECORD_DIR keeps the raw outputs."""
-    from nvidia_facts import SAMPLE_ARGS, parse_sample_csv
+    SAMPLE_ARGS, parse_sample_csv = _nvidia_facts().SAMPLE_ARGS, _nvidia_facts().parse_sample_csv
     idle = subprocess.run(['nvidia-smi'] + SAMPLE_ARGS, capture_output=True, text=True, check=True).stdout
     gpus = parse_sample_csv(idle)
     assert [g['index'] for g in gpus] == list(range(len(host['minors'])))

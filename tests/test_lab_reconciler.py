@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-import labd
 import pytest
+from glm5_lab import labd
 
 
 def test_lxc_config_passes_devices_with_their_major_minor_and_mounts(tmp_path, monkeypatch):
@@ -145,7 +145,7 @@ def free_port():
 
 
 class SecondLab(object):
-    """`labd.py serve` of its own: its state in a temporary directory, its API on another port."""
+    """`glm5-lab serve` of its own: its state in a temporary directory, its API on another port."""
 
     def __init__(self, tmp_path, poll):
         self.state = str(tmp_path / 'lab')
@@ -164,7 +164,7 @@ class SecondLab(object):
         """Start it and wait for its API; returns proxmoxer on it."""
         from proxmoxer import ProxmoxAPI
         with open(self.logpath, 'ab') as log:
-            self.proc = subprocess.Popen([sys.executable, labd.__file__, 'serve'], env=self.env, stdout=log,
+            self.proc = subprocess.Popen([sys.executable, '-m', 'glm5_lab.labd', 'serve'], env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
@@ -180,7 +180,7 @@ class SecondLab(object):
                 time.sleep(0.5)
 
     def kill(self, sig=signal.SIGKILL, timeout=10):
-        """SIGKILL: labd and whatever it runs; SIGTERM: labd alone, which ends its pass and stops (labd.py stop)."""
+        """SIGKILL: labd and whatever it runs; SIGTERM: labd alone, which ends its pass and stops (glm5-lab stop)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         if sig == signal.SIGKILL:

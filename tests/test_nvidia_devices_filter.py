@@ -5,7 +5,8 @@ import re
 
 import pytest
 from nvidia_devices import gpu_selection_problems, nvidia_passthrough, nvidia_passthrough_problems
-from nvidia_facts import parse_smi_xml
+
+from ansible.module_utils.nvidia_facts import parse_smi_xml
 
 H200 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'nvidia-smi', 'h200-1gpu-firecracker')
 

@@ -271,7 +271,7 @@ def test_task_exit_status_rules(monkeypatch, exitstatus, ok):
 
 def test_container_restored_after_a_lab_restart_is_unchanged(pve, fakepve_cafile, tmp_path):
     """The lab persists GET /config and puts it back on restart; a re-run must then change nothing."""
-    import labd
+    from glm5_lab import labd
     assert run(pve, fakepve_cafile, state='stopped')['created']
     saved = {'vmid': 120, 'config': {k: v for k, v in pve.ct(120).config.items() if k not in ('digest', 'lock')}}
     assert run(pve, fakepve_cafile, state='absent')['destroyed']   # the restarted fake knows nothing yet

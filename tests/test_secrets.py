@@ -10,9 +10,9 @@ import shlex
 import subprocess
 import sys
 
-import labd
 import pytest
 import yaml
+from glm5_lab import labd
 from siterun import ROOT
 from test_glm5_ops import GLM5, NODE, ssh
 

@@ -6,13 +6,14 @@ import json
 import os
 import struct
 
-import glm5_smoke as gs
 import pytest
 import sglang_smoke_report
 import yaml
 from ansible.errors import AnsibleFilterError
 from modrun import run_module
 from sglang_smoke import env_file_value, sglang_unit_launch
+
+from ansible.module_utils import glm5_smoke as gs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, 'tests', 'fixtures', 'smoke')

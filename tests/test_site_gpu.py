@@ -7,8 +7,8 @@ the lab's, is never disturbed; at the end that directory is back at the inventor
 import glob
 import os
 
-import labd
 import pytest
+from glm5_lab import labd
 from siterun import site
 
 UPGRADE = '580.105.08'

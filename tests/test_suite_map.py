@@ -145,7 +145,6 @@ def test_each_lane_resets_the_molecule_state_of_the_scenarios_it_keeps_a_node_fo
 
 def test_durations_are_written_as_minutes_and_seconds():
     """119.6 s was written 1:00 (the minutes truncated, the seconds rounded)."""
-    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
     import suite_durations
     assert [suite_durations.fmt(s) for s in (59.94, 60.0, 119.4, 119.6, 3599.5)] == \
         ['59.9s', '1:00', '1:59', '2:00', '60:00']

@@ -2,11 +2,11 @@
 """The lab's Proxmox VE stand-in: fakepve serving the PVE API, plus a reconciler that makes every
 container the API holds exist as a real LXC container on this machine, the way pve-container does.
 
-    labd.py start     start the daemon in the background (idempotent), wait until the API answers
-    labd.py stop      stop the lab containers and the daemon; the API state is kept for the next start
-    labd.py status    print what runs, exit 1 when the daemon is down
-    labd.py purge     stop, then destroy every lab container and forget the API state (host caches stay)
-    labd.py serve     run in the foreground (what start runs)
+    glm5-lab start      start the daemon in the background (idempotent), wait until the API answers
+    glm5-lab stop       stop the lab containers and the daemon; the API state is kept for the next start
+    glm5-lab status     print what runs, exit 1 when the daemon is down
+    glm5-lab purge      stop, then destroy every lab container and forget the API state (host caches stay)
+    glm5-lab serve      run in the foreground (what start runs)
 
 Like pveproxy in front of pvedaemon, labd's own front answers on https://127.0.0.1:8006 and forwards
 every request to fakepve on an internal loopback port. After a write (POST/PUT/DELETE) or a task read,
@@ -45,13 +45,13 @@ import threading
 import time
 import urllib.parse
 
-# The PVE property-string parser the pve_container module uses: one definition for both sides.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                'ansible', 'module_utils'))
-from pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # noqa: E402
+from glm5.project import ROOT, use_module_utils
 
-LAB_VARS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                             'inventories', 'lab', 'group_vars', 'all.yml')
+# The PVE property-string parser the pve_container module uses: one definition for both sides.
+use_module_utils()
+from ansible.module_utils.pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # noqa: E402
+
+LAB_VARS_FILE = os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'all.yml')
 
 
 def lab_paths_from_inventory(path=LAB_VARS_FILE):
@@ -810,7 +810,9 @@ def read_pid(p):
             pid = int(fh.read().strip())
         os.kill(pid, 0)
         with open('/proc/{0}/cmdline'.format(pid), 'rb') as fh:
-            if b'labd.py' not in fh.read():
+            cmdline = fh.read()
+            # the daemon as `python -m glm5_lab.labd serve`, or one started by an older checkout (labd.py serve)
+            if b'glm5_lab.labd' not in cmdline and b'labd.py' not in cmdline:
                 return None
         return pid
     except (OSError, ValueError):
@@ -835,7 +837,7 @@ def start(p):
     log = open(p['log'], 'ab')
     # The daemon gets this environment (GLM5_LAB_PORT, _POLL, _TEMPLATES) and the state p names.
     env = dict(os.environ, GLM5_LAB_STATE=p['state'], GLM5_LAB_PORT=str(PORT), GLM5_LAB_FILES_PORT=str(FILES_PORT))
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), 'serve'], stdout=log, stderr=log,
+    proc = subprocess.Popen([sys.executable, '-m', 'glm5_lab.labd', 'serve'], stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
     with open(p['pid'], 'w') as out:
         out.write(str(proc.pid))

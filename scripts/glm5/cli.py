@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from glm5.project import ANSIBLE_CFG, ROOT, use_module_utils
+
 DEFAULT_INVENTORY = os.path.join(ROOT, 'inventories', 'lab')
 BENCH_PLAYBOOK = os.path.join(ROOT, 'ansible', 'playbooks', 'bench.yml')
 # Role defaults the command reads (under the inventory, as Ansible puts them).
@@ -67,19 +68,17 @@ class UsageError(OpsError):
 
 def _ansible():
     """Ansible's inventory, variable and template code, with this project's ansible.cfg and module_utils."""
-    os.environ.setdefault('ANSIBLE_CONFIG', os.path.join(ROOT, 'ansible.cfg'))
-    import ansible.module_utils
-    path = os.path.join(ROOT, 'ansible', 'module_utils')
-    if path not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(path)
+    os.environ.setdefault('ANSIBLE_CONFIG', ANSIBLE_CFG)
+    use_module_utils()
     from ansible.plugins.loader import init_plugin_loader
     init_plugin_loader()
 
 
-def _filters():
-    sys.path.insert(0, os.path.join(ROOT, 'ansible', 'filter_plugins'))
-    import sglang_smoke
-    return sglang_smoke
+def _filter(name):
+    """A filter of the project's filter plugins, found by Ansible's own plugin loader (ansible.cfg's filter_plugins)."""
+    _ansible()
+    from ansible.plugins.loader import filter_loader
+    return filter_loader.get(name).j2_function
 
 
 # ---------------------------------------------------------------- the inventory
@@ -320,7 +319,7 @@ class Node(object):
         if not r.ok:
             return None
         try:
-            return _filters().sglang_unit_launch(r.stdout)
+            return _filter('sglang_unit_launch')(r.stdout)
         except Exception as exc:  # AnsibleFilterError: a unit this package did not write
             raise OpsError('{0}: {1} cannot be read: {2}'.format(self.name, self.unit, exc)) from None
 
@@ -836,7 +835,7 @@ def cmd_bench(args, inv):
             name, node.service, launch['base_url'], health.get('status') or health.get('detail')))
     per, least = int(hv.get('sglang_smoke_prompts_per_concurrency')), int(hv.get('sglang_smoke_min_prompts'))
     prompts = {lv: max(least, per * lv) for lv in levels}
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
+    env = dict(os.environ, ANSIBLE_CONFIG=ANSIBLE_CFG, ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
                ANSIBLE_NOCOLOR='1', ANSIBLE_LOAD_CALLBACK_PLUGINS='1')
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env.get('PATH', '')
     cmd = [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), BENCH_PLAYBOOK, '-i', inv.source,
