@@ -53,7 +53,7 @@ def du(path):
 
 
 def lab_template_dir():
-    from glm5_lab.labd import lab_paths_from_inventory
+    from glm5_lab.paths import lab_paths_from_inventory
     return lab_paths_from_inventory()['lab_template_dir']
 
 

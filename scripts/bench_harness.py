@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_harness.py [--python ENV/bin/python] [--prompts 2048] [--concurrency 1024]
 
-Starts the engine emulator (scripts/lab/sglang-emulator) with its pacing switched off (GLM5_EMULATOR_FAULTS=slow=0:
+Starts the engine emulator (scripts/lab/sglang_emulator.py) with its pacing switched off (GLM5_EMULATOR_FAULTS=slow=0:
 every step is immediate) on the lab's stand-in model, and runs the real sglang.bench_serving against it (random-ids,
 256 in / 128 out, the seeds' length distribution) at each concurrency given. Prints a table: what bench_serving
 measured (total and output tok/s), and where the time went (CPU seconds of the emulator and of the client, wall
@@ -52,7 +52,7 @@ def main():
         sys.exit('no SGLang environment: pass --python (make test builds one under /var/cache/glm5-lab/sglang-venvs)')
     port = free_port()
     engine = subprocess.Popen(
-        [args.python, os.path.join(ROOT, 'scripts', 'lab', 'sglang-emulator'), '--model-path', args.model,
+        [args.python, os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py'), '--model-path', args.model,
          '--served-model-name', 'glm-5', '--host', '127.0.0.1', '--port', str(port), '--max-running-requests',
          str(max(args.concurrency))],
         env=dict(os.environ, GLM5_EMULATOR_FAULTS='slow=0'), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

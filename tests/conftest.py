@@ -31,10 +31,11 @@ def lab_api():
     """
     if os.environ.get('GLM5_LAB') != '1':
         pytest.skip('needs the running lab: run through `make test` (it sets GLM5_LAB=1 after make lab-up)')
-    from glm5_lab import labd
+    from glm5_lab.labd import api_answers
+    from glm5_lab.paths import paths
     from proxmoxer import ProxmoxAPI
-    p = labd.paths()
-    if not labd.api_answers(p):
+    p = paths()
+    if not api_answers(p):
         pytest.fail('GLM5_LAB=1 but the lab API does not answer on 127.0.0.1:8006: see {0}'.format(p['log']))
     with open(p['password']) as fh:
         password = fh.read().strip()

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
@@ -53,9 +55,48 @@ def snapshot(api, vmids):
             if int(c['vmid']) in vmids}
 
 
+class NodeVars(Mapping):
+    """A node's variables as Ansible gives them to a play (the inventory, the lab's group_vars, the role defaults glm5
+    reads), each templated when read."""
+    def __init__(self, hostvars):
+        self.hostvars = hostvars
+
+    def __getitem__(self, key):
+        if key not in self.hostvars.variables:
+            raise KeyError(key)
+        return self.hostvars.get(key)
+
+    def __iter__(self):
+        return iter(self.hostvars.variables)
+
+    def __len__(self):
+        return len(self.hostvars.variables)
+
+
+_SCENARIOS = []     # [(the folder, glm5's Inventory of every scenario's hosts)]: Ansible's vault context is one a process
+
+
 def scenario_nodes(scenario):
-    """{node: host variables} of the inference nodes in a Molecule scenario's own inventory
-    (molecule/<scenario>/inventory/hosts.yml: the one place a lane node's vmid and ports are written)."""
+    """{node: NodeVars} of the inference nodes in a Molecule scenario's own inventory, as its scenario sees it
+    (molecule/<scenario>/inventory/hosts.yml: the one place a lane node's vmid is written; its ports follow from the
+    lab inventory's formulas)."""
     import yaml
+    from glm5.inventory import Inventory
+    if not _SCENARIOS:
+        folder = tempfile.TemporaryDirectory(prefix='glm5-scenario-inventories-')
+        for name in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
+            hosts = os.path.join(ROOT, 'molecule', name, 'inventory', 'hosts.yml')
+            if os.path.exists(hosts):
+                os.symlink(hosts, os.path.join(folder.name, name + '.yml'))
+        os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), os.path.join(folder.name, 'group_vars'))
+        _SCENARIOS.append((folder, Inventory(folder.name)))
+    inventory = _SCENARIOS[0][1]
     with open(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')) as fh:
-        return yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']
+        names = yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']
+    return {name: NodeVars(inventory.host_vars(name)) for name in names}
+
+
+def node_contract(name):
+    """The node's contract (sglang_service's unit, environment file, rollback pair, readiness, key, lock) for a lane
+    node, as glm5 reads it (call scenario_nodes first)."""
+    return _SCENARIOS[0][1].contract(name)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from siterun import site
-from test_glm5_ops import GLM5, LOCK, NAME, glm5, hold_lock, one_line_error, ssh
+from test_glm5_ops import GLM5, LOCK, NAME, SERVICE, glm5, hold_lock, one_line_error, ssh
 from test_glm5_ops import history_runs as runs
 
 
@@ -19,7 +19,7 @@ def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_r
                    inventory=inventory, sglang=True)
         assert os.access(GLM5, os.X_OK)
         restart = glm5('restart', inventory=inventory)
-        state = ssh('systemctl', 'show', '-p', 'ActiveEnterTimestamp', '--value', 'glm5-sglang').stdout
+        state = ssh('systemctl', 'show', '-p', 'ActiveEnterTimestamp', '--value', SERVICE).stdout
     finally:
         ssh('systemctl', 'stop', LOCK)
     assert run.rc != 0, run
@@ -28,6 +28,6 @@ def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_r
            'lock inside the container: systemctl stop {1}.'.format(NAME, LOCK) in run.out, run
     assert runs() == before
     one_line_error(restart, 1, 'another run drives the engine: {0} is held by "a test holds the engine"'.format(LOCK))
-    assert ssh('systemctl', 'show', '-p', 'ActiveEnterTimestamp', '--value', 'glm5-sglang').stdout == state, \
+    assert ssh('systemctl', 'show', '-p', 'ActiveEnterTimestamp', '--value', SERVICE).stdout == state, \
         'glm5 restart did not restart the engine under the lock'
 

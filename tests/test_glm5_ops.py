@@ -1,4 +1,4 @@
-"""glm5, the day-2 ops command (scripts/glm5.py, installed by make as .venv/bin/glm5), against the lab: a real SSH
+"""glm5, the day-2 ops command (scripts/glm5/, installed by make as .venv/bin/glm5), against the lab: a real SSH
 connection through Fabric into make test's full-stack node (molecule/default's container, deployed by site.yml and
 verified before these run; the emulator serving at the test speed), the lab's PVE API and the node's bench history on
 the lab host. Every call goes through -i with the node's own inventory (its Molecule hosts file and the lab's
@@ -14,13 +14,18 @@ import time
 import urllib.request
 
 import pytest
-from glm5_lab import labd
+from glm5_lab.paths import STATE, paths
 from sglang_smoke import env_file_value
-from siterun import ROOT, scenario_nodes, site
+from siterun import ROOT, node_contract, scenario_nodes, site
 
 GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
 (NAME, NODE), = scenario_nodes('default').items()
 VMID = NODE['pve_container_vmid']
+PORT = NODE['sglang_service_port']          # the lab inventory's formula for the stack node
+# the node's contract (sglang_service_contract): its unit, environment file, readiness, lock
+CONTRACT = node_contract(NAME)
+SERVICE = CONTRACT['service']
+READY_URL = 'http://127.0.0.1:{0}{1}'.format(PORT, CONTRACT['ready_path'])
 HISTORY = NODE['pve_container_bench_history_dir']
 SPEED = NODE['lab_emulator_speed']
 # What `glm5 bench` runs by default on this node: the node's smoke settings (4 prompts per concurrent request, at
@@ -32,13 +37,10 @@ all:
     pve_hosts:
       hosts:
         pve-lab:
-          ansible_connection: local
-          ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
     inference_nodes:
       hosts:
         {name}:
           pve_container_vmid: {vmid}
-          ansible_host: 127.0.0.1
           ansible_port: {port}
 """
 
@@ -60,14 +62,14 @@ def glm5(*args, inventory=None, timeout=900):
 
 def ssh(*cmd, stdin=None, timeout=120):
     """Plain OpenSSH into the node (not the command under test)."""
-    state = labd.STATE
+    state = STATE
     return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
                            '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', NODE['lab_known_hosts_name']),
                            '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
                           input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-LOCK = 'glm5-sglang-lock'      # the engine's lock in the container (sglang_service's tasks/lock.yml)
+LOCK = CONTRACT['lock_unit']      # the engine's lock in the container (sglang_service's tasks/lock.yml)
 
 
 def hold_lock(description):
@@ -122,7 +124,7 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     assert st['unit']['name'] == 'glm5-sglang' and (st['unit']['active'], st['unit']['sub']) == ('active', 'running')
     assert st['unit']['uptime_s'] >= 0 and st['unit']['since'].endswith('UTC')
     assert st['health']['ok'] and st['health']['status'] == 200
-    assert st['health']['url'] == 'http://127.0.0.1:{0}/health_generate'.format(30000 + VMID)
+    assert st['health']['url'] == READY_URL
     # what the deploy's smoke test recorded is what runs: version, profile, flag set
     summary = json.loads(open(os.path.join(HISTORY, deployed_run['run'], 'summary.json')).read())
     meta = summary['meta']
@@ -160,32 +162,32 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
 
 @pytest.mark.stack
 def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_back(inventory, deployed_run):
-    assert ssh('systemctl', 'stop', 'glm5-sglang').returncode == 0
+    assert ssh('systemctl', 'stop', SERVICE).returncode == 0
     try:
         p = glm5('status', inventory=inventory)
         assert p.returncode == 1, p.out
         assert p.out.startswith(NAME + ': UNHEALTHY\n'), p.out
         assert '  PROBLEM: unit glm5-sglang is inactive (dead)' in p.out, p.out
-        assert '  PROBLEM: http://127.0.0.1:{0}/health_generate answered URLError'.format(30000 + VMID) in p.out
+        assert '  PROBLEM: {0} answered URLError'.format(READY_URL) in p.out
         doc = json.loads(glm5('status', '--json', inventory=inventory).out)
         assert doc['healthy'] is False and doc['nodes'][0]['unit']['active'] == 'inactive'
         # no bench against a node that does not answer (the smoke test would wait out its readiness timeout)
         one_line_error(glm5('bench', inventory=inventory), 1, 'glm5-sglang is not ready',
-                       'http://127.0.0.1:{0}/health_generate'.format(30000 + VMID))
+                       READY_URL)
     finally:
         p = glm5('restart', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert 'stopping glm5-sglang (running requests drain first' in p.out
     assert 'glm5-sglang ready after ' in p.out and '/health_generate 200' in p.out, p.out
-    assert ssh('systemctl', 'is-active', 'glm5-sglang').stdout.strip() == 'active'
+    assert ssh('systemctl', 'is-active', SERVICE).stdout.strip() == 'active'
     p = glm5('status', inventory=inventory)
     assert p.returncode == 0 and 'HEALTHY' in p.out, p.out
     # restart of a running unit: it drains and stops, then comes back (a new main process)
-    before = ssh('systemctl', 'show', '-p', 'MainPID', '--value', 'glm5-sglang').stdout.strip()
+    before = ssh('systemctl', 'show', '-p', 'MainPID', '--value', SERVICE).stdout.strip()
     p = glm5('restart', '--json', inventory=inventory)
     doc = json.loads(p.out)
     assert p.returncode == 0 and doc['ready'] is True and doc['unit']['active'] == 'active', p.out
-    assert ssh('systemctl', 'show', '-p', 'MainPID', '--value', 'glm5-sglang').stdout.strip() != before
+    assert ssh('systemctl', 'show', '-p', 'MainPID', '--value', SERVICE).stdout.strip() != before
 
 
 @pytest.mark.stack
@@ -227,7 +229,7 @@ def test_gpus_and_watch(inventory):
 def test_logs(inventory):
     p = glm5('logs', '--lines', '200', inventory=inventory)
     assert p.returncode == 0, p.stderr
-    assert 'sglang-emulator: serving glm-5 on http://127.0.0.1:{0}'.format(30000 + VMID) in p.out, p.out
+    assert 'sglang-emulator: serving glm-5 on http://127.0.0.1:{0}'.format(PORT) in p.out, p.out
     p = glm5('logs', '--since=-1h', '--json', inventory=inventory)
     assert p.returncode == 0, p.stderr
     lines = [json.loads(x) for x in p.out.splitlines()]
@@ -342,14 +344,14 @@ def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
 
 @pytest.mark.stack
 def test_restart_drains_a_request_in_flight(inventory):
-    key = env_file_value(ssh('cat', '/etc/glm5/glm5-sglang.env').stdout, 'SGLANG_API_KEY')
+    key = env_file_value(ssh('cat', CONTRACT['env_file']).stdout, 'SGLANG_API_KEY')
     tokens = 40 * SPEED                 # ~5 s at the node's speed: the seeds' single stream is 8.2 tok/s
     body = json.dumps({'model': 'glm-5', 'max_tokens': tokens, 'temperature': 0, 'ignore_eos': True,
                        'messages': [{'role': 'user', 'content': 'Write a long story.'}]}).encode()
     answer = {}
 
     def ask():
-        req = urllib.request.Request('http://127.0.0.1:{0}/v1/chat/completions'.format(30000 + VMID), data=body,
+        req = urllib.request.Request('http://127.0.0.1:{0}/v1/chat/completions'.format(PORT), data=body,
                                      headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})
         with urllib.request.urlopen(req, timeout=300) as r:
             answer.update(status=r.status, body=json.loads(r.read()))
@@ -373,8 +375,8 @@ def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inv
     failed, naming the unit, the squatter and the journal's last words (it polled /health_generate for
     sglang_service_ready_timeout, an hour, and then said only "Status code was 404"); glm5 status reports the unit;
     with the port free again, a deploy brings it back."""
-    port = 30000 + VMID
-    assert ssh('systemctl', 'stop', 'glm5-sglang').returncode == 0
+    port = PORT
+    assert ssh('systemctl', 'stop', SERVICE).returncode == 0
     squatter = ssh('systemd-run', '--unit', 'glm5-test-squatter', '--', 'python3', '-m', 'http.server', '--bind',
                    '127.0.0.1', str(port))
     assert squatter.returncode == 0, squatter.stderr
@@ -387,13 +389,13 @@ def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inv
         # systemd keeps the last start's result (exit-code) when its automatic restarts hit the start limit
         assert 'glm5-sglang is not ready: it failed. The unit: glm5-sglang is failed (failed, result exit-code)' \
             in run.out, run
-        assert 'http://127.0.0.1:{0}/health_generate: HTTP 404 (not the service: the unit does not run, so another ' \
-               'process holds the port)'.format(port) in run.out, run
+        assert '{0}: HTTP 404 (not the service: the unit does not run, so another process holds the port)'.format(
+            READY_URL) in run.out, run
         assert 'Its last words: ' in run.out and 'address already in use' in run.out, run    # the service's own
         assert took < 600, took                                               # not sglang_service_ready_timeout
     finally:
         ssh('systemctl', 'stop', 'glm5-test-squatter')
-    assert ssh('systemctl', 'is-failed', 'glm5-sglang').stdout.strip() == 'failed'
+    assert ssh('systemctl', 'is-failed', SERVICE).stdout.strip() == 'failed'
     p = glm5('status', inventory=inventory)
     assert p.returncode == 1, p.out
     assert '  PROBLEM: unit glm5-sglang is failed (failed, result exit-code)' in p.out, p.out
@@ -407,10 +409,11 @@ def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inv
 
 def inventory_var(inventory, node, var, *vault_files):
     """glm5's inventory reading in a process of its own (Ansible's vault context is set once per process)."""
-    code = ('from glm5 import cli\n'
+    code = ('from glm5.errors import OpsError\n'
+            'from glm5.inventory import Inventory\n'
             'try:\n'
-            '    print(cli.Inventory({0!r}, {1!r}).host_vars({2!r}).get({3!r}))\n'
-            'except cli.OpsError as exc:\n'
+            '    print(Inventory({0!r}, {1!r}).host_vars({2!r}).get({3!r}))\n'
+            'except OpsError as exc:\n'
             '    print("ERROR", exc)\n').format(inventory, list(vault_files), node, var)
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120).stdout.strip()
 
@@ -436,6 +439,6 @@ def test_vaulted_inventory_variables_are_read_with_the_vault_password(tmp_path):
 
 def test_the_lab_inventory_password_is_the_lookup_of_the_file_labd_made(lab_api):
     """Needs the lab (lab_api: marked `lab`): the password file exists only once labd has started."""
-    with open(os.path.join(labd.paths()['password'])) as fh:
+    with open(os.path.join(paths()['password'])) as fh:
         assert inventory_var(os.path.join(ROOT, 'inventories', 'lab'), 'glm5-lab', 'pve_container_api_password') == \
             fh.read().strip()

@@ -14,16 +14,20 @@ import sys
 import time
 
 import pytest
-from glm5_lab import labd
+from glm5_lab import labd, pveconf
+from glm5_lab.front import persist_all
+from glm5_lab.lxc import LabLxc
+from glm5_lab.paths import LAB_VARS_FILE, STATE, TEMPLATES, lab_paths_from_inventory, paths, ssh_port
+from glm5_lab.pveconf import lxc_config, start_error
 
 
 def test_lxc_config_passes_devices_with_their_major_minor_and_mounts(tmp_path, monkeypatch):
-    monkeypatch.setattr(labd, 'cgroup_prefix', lambda: 'lxc.cgroup')
+    monkeypatch.setattr(pveconf, 'cgroup_prefix', lambda: 'lxc.cgroup')
     config = {'hostname': 'glm5', 'memory': '4096', 'cores': '2',
               'dev0': '/dev/null,mode=0600,uid=5,gid=6', 'dev1': 'path=/dev/zero,deny-write=1',
               'mp0': '/srv/models,backup=0,mp=/models', 'mp1': '/srv/ro,mp=/ro,ro=1',
               'mp2': 'local-lvm:vm-120-disk-1,mp=/data,size=8G'}
-    text, nodes = labd.lxc_config(120, config, str(tmp_path))
+    text, nodes = lxc_config(120, config, str(tmp_path))
     lines = text.splitlines()
     assert 'lxc.uts.name = glm5' in lines
     assert 'lxc.net.0.type = none' in lines
@@ -40,27 +44,30 @@ def test_lxc_config_passes_devices_with_their_major_minor_and_mounts(tmp_path, m
 
 
 def test_lxc_config_on_a_cgroup2_host(tmp_path, monkeypatch):
-    monkeypatch.setattr(labd, 'cgroup_prefix', lambda: 'lxc.cgroup2')
-    text, _ = labd.lxc_config(120, {'memory': 1024, 'cores': 4, 'dev0': '/dev/null'}, str(tmp_path))
+    monkeypatch.setattr(pveconf, 'cgroup_prefix', lambda: 'lxc.cgroup2')
+    text, _ = lxc_config(120, {'memory': 1024, 'cores': 4, 'dev0': '/dev/null'}, str(tmp_path))
     assert 'lxc.cgroup2.devices.allow = c 1:3 rwm' in text
     assert 'lxc.cgroup2.memory.max = 1073741824' in text
     assert 'lxc.cgroup2.cpu.max = 400000 100000' in text
 
 
 def test_start_error_names_what_pve_would(tmp_path):
-    assert labd.start_error({'dev0': '/dev/null', 'mp0': '{0},mp=/x'.format(tmp_path)}) is None
-    assert labd.start_error({'dev0': '/dev/null', 'dev1': '/dev/nvidia-lab-missing'}) == \
+    assert start_error({'dev0': '/dev/null', 'mp0': '{0},mp=/x'.format(tmp_path)}) is None
+    assert start_error({'dev0': '/dev/null', 'dev1': '/dev/nvidia-lab-missing'}) == \
         'Device /dev/nvidia-lab-missing does not exist'
     regular = tmp_path / 'file'
     regular.write_text('x')
-    assert labd.start_error({'dev0': str(regular)}) == 'Path {0} is not a device'.format(regular)
-    assert 'does not exist on the host' in labd.start_error({'mp0': '/nonexistent/lab,mp=/x'})
+    assert start_error({'dev0': str(regular)}) == 'Path {0} is not a device'.format(regular)
+    assert 'does not exist on the host' in start_error({'mp0': '/nonexistent/lab,mp=/x'})
 
 
-def test_ssh_ports_stay_on_loopback_range():
-    assert labd.ssh_port(120) == 20120
+def test_ssh_ports_are_the_lab_inventorys_and_stay_in_range():
+    """labd starts each container's sshd where the lab inventory's formula (ansible_port) says Ansible will find it."""
+    from siterun import scenario_nodes
+    nodes = [hv for scenario in ('default', 'pve_container', 'nvidia_host_driver') for hv in scenario_nodes(scenario).values()]
+    assert nodes and all(ssh_port(hv['pve_container_vmid']) == hv['ansible_port'] for hv in nodes)
     with pytest.raises(ValueError):
-        labd.ssh_port(45536)
+        ssh_port(45536)
 
 
 def wait_for(pred, timeout=90):
@@ -86,7 +93,7 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
                          dev0='/dev/nvidia-lab-missing', mp0='{0},mp=/data'.format(keep), tags='glm5-managed')
     try:
         assert Tasks.blocking_status(lab_api, upid)['exitstatus'] == 'OK'
-        lab = labd.LabLxc(labd.paths())
+        lab = LabLxc(paths())
         assert wait_for(lambda: lab.exists(vmid)), 'the reconciler did not build the LXC container'
         status = Tasks.blocking_status(lab_api, node.lxc(vmid).status.start.post())
         assert status['exitstatus'] == 'Device /dev/nvidia-lab-missing does not exist'
@@ -101,8 +108,8 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
 
 
 def test_write_config_keeps_passthrough_nodes_until_they_change(tmp_path, monkeypatch):
-    monkeypatch.setattr(labd, 'cgroup_prefix', lambda: 'lxc.cgroup')
-    lab = labd.LabLxc(labd.paths(str(tmp_path)))
+    monkeypatch.setattr(pveconf, 'cgroup_prefix', lambda: 'lxc.cgroup')
+    lab = LabLxc(paths(str(tmp_path)))
     os.makedirs(os.path.join(lab.ctdir(150), 'rootfs', 'etc'))
     lab.write_config(150, {'hostname': 'a', 'dev0': '/dev/null,mode=0666'})
     node = os.path.join(lab.ctdir(150), 'passthrough', 'dev', 'null')
@@ -128,7 +135,7 @@ def test_persist_all_writes_what_get_config_shows_and_forgets_destroyed(tmp_path
     (tmp_path / 'lxc' / '149.json').write_text('{}')          # a container the API no longer holds
     (tmp_path / 'lxc' / '151.json').write_text('{"old": 1}')
     params = {150: {'ostemplate': 'local:vztmpl/t.tar.gz', 'ssh-public-keys': 'ssh-ed25519 AAAA x'}}
-    assert labd.persist_all(pve, confdir, params) == {150, 151}
+    assert persist_all(pve, confdir, params) == {150, 151}
     with open(os.path.join(confdir, '150.json')) as fh:
         assert json.load(fh) == {'vmid': 150, 'config': {'hostname': 'a', 'memory': 2048}, 'create': params[150]}
     assert sorted(os.listdir(confdir)) == ['150.json', '151.json']
@@ -149,7 +156,7 @@ class SecondLab(object):
 
     def __init__(self, tmp_path, poll):
         self.state = str(tmp_path / 'lab')
-        self.p = labd.paths(self.state)
+        self.p = paths(self.state)
         self.port = free_port()
         self.env = dict(os.environ, GLM5_LAB_STATE=self.state, GLM5_LAB_PORT=str(self.port),
                         GLM5_LAB_POLL=str(poll), GLM5_LAB_FILES_PORT='0')
@@ -218,7 +225,7 @@ def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
         api = lab.serve()
         node = api.nodes('pve1')
         tmpls = [v['volid'] for v in node.storage('local').content.get(content='vztmpl')]
-        assert tmpls, 'no lab template registered from {0}: run make lab-up'.format(labd.TEMPLATES)
+        assert tmpls, 'no lab template registered from {0}: run make lab-up'.format(TEMPLATES)
         upid = node.lxc.post(vmid=vmid, hostname='lab-persist', ostemplate=tmpls[0], rootfs='local-lvm:4',
                              memory=512, tags='glm5-managed', **{'ssh-public-keys': pubkey})
         assert Tasks.blocking_status(api, upid)['exitstatus'] == 'OK'
@@ -242,21 +249,25 @@ def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
         assert not os.path.exists(saved), 'the destroy was not persisted before its task ended'
     finally:
         lab.purge()
-    assert labd.LabLxc(lab.p).vmids() == [], 'a container of the second lab remains'
+    assert LabLxc(lab.p).vmids() == [], 'a container of the second lab remains'
     assert not os.path.exists(lab.p['confdir'])
 
 
 def test_the_lab_paths_are_the_lab_inventorys(tmp_path):
     import yaml
-    with open(labd.LAB_VARS_FILE) as fh:
+    with open(LAB_VARS_FILE) as fh:
         inventory = yaml.safe_load(fh)
-    assert labd.lab_paths_from_inventory() == {'lab_state_dir': inventory['lab_state_dir'],
-                                                'lab_template_dir': inventory['lab_template_dir']}
+    assert lab_paths_from_inventory() == {'lab_state_dir': inventory['lab_state_dir'],
+                                          'lab_template_dir': inventory['lab_template_dir'],
+                                          'lab_ssh_port_base': inventory['lab_ssh_port_base']}
     if 'GLM5_LAB_STATE' not in os.environ:
-        assert labd.STATE == inventory['lab_state_dir']
+        assert STATE == inventory['lab_state_dir']
     if 'GLM5_LAB_TEMPLATES' not in os.environ:
-        assert labd.TEMPLATES == inventory['lab_template_dir']
+        assert TEMPLATES == inventory['lab_template_dir']
     bad = tmp_path / 'all.yml'
     bad.write_text('lab_state_dir: "{{ playbook_dir }}/lab"\nlab_template_dir: /var/cache/x\n')
     with pytest.raises(SystemExit, match='lab_state_dir must be a plain absolute path'):
-        labd.lab_paths_from_inventory(str(bad))
+        lab_paths_from_inventory(str(bad))
+    bad.write_text('lab_state_dir: /var/lib/x\nlab_template_dir: /var/cache/x\nlab_ssh_port_base: "{{ 20000 }}"\n')
+    with pytest.raises(SystemExit, match='lab_ssh_port_base must be a plain port number'):
+        lab_paths_from_inventory(str(bad))

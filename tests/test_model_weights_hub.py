@@ -1,5 +1,5 @@
 """model_weights with source=hub: the real huggingface_hub (the version the seed-validated lock pins) downloading
-from the lab's stand-in hub (scripts/lab/hf-hub) on 127.0.0.1: pinned revision, allow_patterns, the hub's sha256
+from the lab's stand-in hub (scripts/lab/hf_hub.py) on 127.0.0.1: pinned revision, allow_patterns, the hub's sha256
 checked, the completeness marker written last; a dropped connection resumed with Range, never marked complete
 half-way; a wrong revision, a missing token and a hub that serves other bytes are refused with one line."""
 import json
@@ -12,7 +12,7 @@ import modrun
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HUB = os.path.join(ROOT, 'scripts', 'lab', 'hf-hub')
+HUB = os.path.join(ROOT, 'scripts', 'lab', 'hf_hub.py')
 REPO = 'glm5-lab/GLM-5-NVFP4-mini'
 PATTERNS = ['*.json', '*.safetensors']
 
@@ -25,7 +25,7 @@ def run_module(capsys, check_mode=False, **args):
 def hub_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('hub')
     repo = root / REPO
-    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model'), str(repo)], check=True,
+    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py'), str(repo)], check=True,
                    capture_output=True)
     # larger than huggingface_hub's 10 MiB download chunk, so a cut after 12 MiB leaves a part on disk to resume from
     (repo / 'model-00001-of-00001.safetensors').write_bytes(os.urandom(24 * 1024 * 1024 + 17))

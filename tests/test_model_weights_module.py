@@ -11,7 +11,7 @@ import modrun
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAND_IN = os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model')
+STAND_IN = os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py')
 
 
 def run_module(capsys, check_mode=False, **args):

@@ -8,7 +8,7 @@ import nvidia_gpu_facts
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STANDIN = os.path.join(ROOT, 'scripts', 'lab', 'nvidia-smi')
+STANDIN = os.path.join(ROOT, 'scripts', 'lab', 'nvidia_smi.py')
 RTX = os.path.join(ROOT, 'tests', 'fixtures', 'nvidia-smi', 'rtx-pro-6000-8gpu-constructed')
 
 

@@ -38,7 +38,7 @@ def test_same_ssh_endpoint_and_shared_directory():
     problems = pve_container_conflicts([A, b], 'glm5-a')
     assert problems == [
         'glm5-a and glm5-b both reach their container at 127.0.0.1:20120 (ansible_host:ansible_port): give each '
-        'node its own address or port (in the lab: 20000 + vmid)',
+        'node its own address or port',
         'glm5-a and glm5-b both bind-mount /srv/a/history from pve1: each node needs its own model cache, SGLang '
         'cache and benchmark history directories']
 

@@ -271,11 +271,11 @@ def test_task_exit_status_rules(monkeypatch, exitstatus, ok):
 
 def test_container_restored_after_a_lab_restart_is_unchanged(pve, fakepve_cafile, tmp_path):
     """The lab persists GET /config and puts it back on restart; a re-run must then change nothing."""
-    from glm5_lab import labd
+    from glm5_lab.front import restore_ct
     assert run(pve, fakepve_cafile, state='stopped')['created']
     saved = {'vmid': 120, 'config': {k: v for k, v in pve.ct(120).config.items() if k not in ('digest', 'lock')}}
     assert run(pve, fakepve_cafile, state='absent')['destroyed']   # the restarted fake knows nothing yet
-    labd.restore_ct(pve, saved, running=False)
+    restore_ct(pve, saved, running=False)
     pve.requests.clear()
     res = run(pve, fakepve_cafile, state='stopped')
     assert not res.failed, res['msg']

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from glm5_lab import labd
+from glm5_lab.paths import paths
 from siterun import ROOT
 from test_glm5_ops import GLM5, NODE, ssh
 
@@ -65,7 +65,7 @@ def leaks(found):
 def secrets(stack_node):
     key = ssh('cat', '/var/cache/sglang/glm5/api-key')
     assert key.returncode == 0 and len(key.stdout.strip()) >= 32, key.stderr
-    with open(labd.paths()['password']) as fh:
+    with open(paths()['password']) as fh:
         password = fh.read().strip()
     assert len(password) >= 16
     return [key.stdout.strip(), password]

@@ -1,4 +1,4 @@
-"""The lab's engine emulator (scripts/lab/sglang-emulator) run with the seed-validated profile's real sglang (its
+"""The lab's engine emulator (scripts/lab/sglang_emulator.py) run with the seed-validated profile's real sglang (its
 parser, its bench_serving) and the lab's stand-in model: argv refused as sglang refuses it, the API key, the
 answers the smoke test's probe asks for, streaming with usage, /generate, the fault switches, and a short run of the
 real sglang.bench_serving against it. Pacing is measured by scripts, not timed here."""
@@ -13,7 +13,7 @@ import pytest
 import requests
 from sglang_envs import ROOT, environment
 
-EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang-emulator')
+EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')
 KEY = 'test-key'
 
 pytestmark = pytest.mark.sglang
@@ -27,7 +27,7 @@ def python():
 @pytest.fixture(scope='module')
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp('model') / 'GLM-5-NVFP4'
-    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand-in-model'), str(path)], check=True,
+    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py'), str(path)], check=True,
                    capture_output=True)
     return str(path)
 
@@ -308,7 +308,7 @@ def bench(e, python, model, tmp_path, capsys, **kw):
     args = dict(python=python, base_url=e.url, model='glm-5', tokenizer=model, api_key=KEY, concurrency=4, prompts=8,
                 input_len=64, output_len=8, output_file=str(tmp_path / 'bench.jsonl'),
                 log_file=str(tmp_path / 'bench-c4.log'), samples_file=str(tmp_path / 'gpu.jsonl'),
-                nvidia_smi=os.path.join(ROOT, 'scripts', 'lab', 'nvidia-smi'), sample_interval=0.5, timeout=300)
+                nvidia_smi=os.path.join(ROOT, 'scripts', 'lab', 'nvidia_smi.py'), sample_interval=0.5, timeout=300)
     args.update(kw)
     return run_module(sglang_bench, capsys, **args)
 

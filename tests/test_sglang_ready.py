@@ -3,7 +3,8 @@ ends as soon as the unit has failed or crash-loops, not at the timeout, and says
 import sglang_ready
 from sglang_ready import wait
 
-ARGS = dict(url='http://127.0.0.1:30192', unit='glm5-sglang', timeout=3600, poll=10, max_restarts=3, journal_lines=10)
+ARGS = dict(url='http://127.0.0.1:30192/health_generate', unit='glm5-sglang',
+            timeout=3600, poll=10, max_restarts=3, journal_lines=10)
 
 
 def scripted(monkeypatch, states, answers, words=('OSError: [Errno 98] address already in use',)):

@@ -1,6 +1,6 @@
-"""The smoke test's decisions (ansible/module_utils/glm5_smoke.py, ansible/filter_plugins/sglang_smoke.py) and its
-report, on golden run folders that real sglang.bench_serving runs against the lab's engine emulator produced
-(tests/fixtures/smoke/README.md says which). No network, no lab."""
+"""The smoke test's decisions (ansible/module_utils/glm5_results.py, glm5_probe.py, glm5_report.py, glm5_plots.py,
+ansible/filter_plugins/sglang_smoke.py) and its report, on golden run folders that real sglang.bench_serving runs against
+the lab's engine emulator produced (tests/fixtures/smoke/README.md says which). No network, no lab."""
 import copy
 import json
 import os
@@ -13,7 +13,10 @@ from ansible.errors import AnsibleFilterError
 from modrun import run_module
 from sglang_smoke import env_file_value, sglang_unit_launch
 
-from ansible.module_utils import glm5_smoke as gs
+from ansible.module_utils import glm5_plots as plots
+from ansible.module_utils import glm5_probe as probe
+from ansible.module_utils import glm5_report as report
+from ansible.module_utils import glm5_results as results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, 'tests', 'fixtures', 'smoke')
@@ -34,10 +37,10 @@ def defaults():
 # ---------------------------------------------------------------- settings
 def test_the_defaults_are_usable_and_are_the_seeds_table():
     cfg = defaults()
-    assert gs.config_problems(cfg) == []
+    assert results.config_problems(cfg) == []
     assert cfg['levels'] == [1, 64, 256, 512, 1024]
     assert cfg['range_ratio'] == 0.0 and (cfg['input_len'], cfg['output_len']) == (256, 128)
-    base = gs.by_level(cfg['baseline'])
+    base = results.by_level(cfg['baseline'])
     assert base[1] == {'output_tok_s': 8.2}
     assert [base[c]['total_tok_s'] for c in (64, 256, 512, 1024)] == [700, 1846, 2800, 3740]
     assert base[1024]['output_tok_s'] == 1240
@@ -66,18 +69,18 @@ def test_the_defaults_are_usable_and_are_the_seeds_table():
 ])
 def test_bad_settings_are_named(change, words):
     cfg = dict(defaults(), **change)
-    problems = gs.config_problems(cfg)
+    problems = results.config_problems(cfg)
     assert any(words in p for p in problems), problems
 
 
 def test_the_lab_test_speed_scales_baseline_and_limits_by_exactly_its_factor():
     cfg = defaults()
-    assert gs.scaled(cfg) is cfg and gs.scaled(dict(cfg, speed_factor=1)) == dict(cfg, speed_factor=1)
-    fast = gs.scaled(dict(cfg, speed_factor=8))
-    base, limits = gs.by_level(cfg['baseline']), gs.by_level(cfg['limits'])
-    for level, row in gs.by_level(fast['baseline']).items():
+    assert results.scaled(cfg) is cfg and results.scaled(dict(cfg, speed_factor=1)) == dict(cfg, speed_factor=1)
+    fast = results.scaled(dict(cfg, speed_factor=8))
+    base, limits = results.by_level(cfg['baseline']), results.by_level(cfg['limits'])
+    for level, row in results.by_level(fast['baseline']).items():
         assert row == {k: v * 8 for k, v in base[level].items()}
-    for level, row in gs.by_level(fast['limits']).items():
+    for level, row in results.by_level(fast['limits']).items():
         assert row == {k: v / 8 for k, v in limits[level].items()}
     assert cfg['baseline'] == defaults()['baseline']                  # the role's own settings are left as they are
 
@@ -89,19 +92,19 @@ def test_a_run_at_the_test_speed_is_judged_at_that_speed_and_says_so():
     cfg = dict(settings_of(summary), speed_factor=8)
     fast = [dict(r, total_throughput=r['total_throughput'] * 8, output_throughput=r['output_throughput'] * 8,
                  p99_ttft_ms=r['p99_ttft_ms'] / 8, p99_tpot_ms=r['p99_tpot_ms'] / 8) for r in records]
-    assert all(lv['passed'] for lv in gs.evaluate(summary['sweep'], fast, gs.scaled(cfg)))
-    slow = gs.evaluate(summary['sweep'], records, gs.scaled(cfg))
+    assert all(lv['passed'] for lv in results.evaluate(summary['sweep'], fast, results.scaled(cfg)))
+    slow = results.evaluate(summary['sweep'], records, results.scaled(cfg))
     assert not any(lv['passed'] for lv in slow)
-    built = gs.build_summary('r', 't', {}, gs.scaled(cfg), {'passed': True}, slow, {})
+    built = results.build_summary('r', 't', {}, results.scaled(cfg), {'passed': True}, slow, {})
     assert built['settings']['speed_factor'] == 8 and built['baseline']['64'] == {'total_tok_s': 5600}
-    assert 'the engine emulator ran 8x the seeds\' pace' in gs.markdown(built)
+    assert 'the engine emulator ran 8x the seeds\' pace' in report.markdown(built)
 
 
 def test_string_level_keys_from_json_are_levels():
     cfg = defaults()
     cfg['baseline'] = {'64': {'total_tok_s': 700}}
-    assert gs.config_problems(cfg) == []
-    assert gs.by_level(cfg['baseline']) == {64: {'total_tok_s': 700}}
+    assert results.config_problems(cfg) == []
+    assert results.by_level(cfg['baseline']) == {64: {'total_tok_s': 700}}
 
 
 def test_the_report_module_refuses_bad_settings_before_anything(capsys):
@@ -112,9 +115,9 @@ def test_the_report_module_refuses_bad_settings_before_anything(capsys):
 
 
 def test_prompt_counts():
-    assert gs.prompts_for(1, 4, 8) == 8
-    assert gs.prompts_for(64, 4, 8) == 256
-    assert gs.prompts_for(1024, 4, 8) == 4096
+    assert results.prompts_for(1, 4, 8) == 8
+    assert results.prompts_for(64, 4, 8) == 256
+    assert results.prompts_for(1024, 4, 8) == 4096
 
 
 # ---------------------------------------------------------------- probe decisions
@@ -132,12 +135,12 @@ PROBE = {'prompt': 'What is 17 + 25?', 'expect': '42'}
 
 
 def test_a_right_answer_passes():
-    assert gs.judge_answer(PROBE, 200, chat('42', logprobs=[-0.1, -0.2]))[1] == []
-    assert gs.judge_answer(PROBE, 200, chat('The answer is 42.'))[1] == []
+    assert probe.judge_answer(PROBE, 200, chat('42', logprobs=[-0.1, -0.2]))[1] == []
+    assert probe.judge_answer(PROBE, 200, chat('The answer is 42.'))[1] == []
 
 
 def test_a_reasoning_model_may_answer_in_reasoning_content():
-    assert gs.judge_answer(PROBE, 200, chat(None, reasoning='17 + 25 = 42'))[1] == []
+    assert probe.judge_answer(PROBE, 200, chat(None, reasoning='17 + 25 = 42'))[1] == []
 
 
 @pytest.mark.parametrize('body, words', [
@@ -153,18 +156,18 @@ def test_a_reasoning_model_may_answer_in_reasoning_content():
     ({'error': 'x'}, 'not a chat completion'),
 ])
 def test_wrong_answers_are_named(body, words):
-    problems = gs.judge_answer(PROBE, 200, body)[1]
+    problems = probe.judge_answer(PROBE, 200, body)[1]
     assert any(words in p for p in problems), problems
 
 
 def test_an_http_error_is_a_failed_probe():
-    problems = gs.judge_answer(PROBE, 401, {'error': 'Unauthorized'})[1]
+    problems = probe.judge_answer(PROBE, 401, {'error': 'Unauthorized'})[1]
     assert problems and problems[0].startswith('HTTP 401')
 
 
 def test_ordinary_text_is_not_a_loop():
-    assert gs.repeated_loop('Paris is the capital of France, and it has been for a very long time indeed.') is None
-    assert gs.repeated_loop('1 2 3 4 5 6 7 8 9 10 11 12 13 14') is None
+    assert probe.repeated_loop('Paris is the capital of France, and it has been for a very long time indeed.') is None
+    assert probe.repeated_loop('1 2 3 4 5 6 7 8 9 10 11 12 13 14') is None
 
 
 # ---------------------------------------------------------------- the unit
@@ -205,11 +208,11 @@ def load(case):
     with open(os.path.join(d, 'summary.json')) as fh:
         summary = json.load(fh)
     with open(os.path.join(d, 'bench.jsonl')) as fh:
-        records = gs.parse_jsonl(fh.read())
+        records = results.parse_jsonl(fh.read())
     samples = []
     if os.path.exists(os.path.join(d, 'gpu.jsonl')):
         with open(os.path.join(d, 'gpu.jsonl')) as fh:
-            samples = gs.parse_jsonl(fh.read())
+            samples = results.parse_jsonl(fh.read())
     return summary, records, samples
 
 
@@ -226,7 +229,7 @@ def test_there_are_golden_runs():
 def test_golden_runs_are_decided_as_they_were(case):
     """The decisions taken on the real run reproduce from its raw JSONL."""
     summary, records, _ = load(case)
-    levels = gs.evaluate(summary['sweep'], records, settings_of(summary))
+    levels = results.evaluate(summary['sweep'], records, settings_of(summary))
     assert levels == summary['levels']
 
 
@@ -273,7 +276,7 @@ def test_a_level_that_fell_short_by_a_little_fails_its_gate():
     top = summary['sweep'][-1]['concurrency']
     got = records[summary['sweep'][-1]['line']]['total_throughput']
     cfg['baseline'] = dict(cfg['baseline'], **{str(top): {'total_tok_s': got / cfg['tolerance'] * 1.01}})
-    levels = gs.evaluate(summary['sweep'], records, cfg)
+    levels = results.evaluate(summary['sweep'], records, cfg)
     assert not levels[-1]['passed']
     assert [g['gate'] for g in levels[-1]['gates'] if not g['passed']] == ['total_tok_s']
 
@@ -332,17 +335,17 @@ def test_the_report_folder_and_the_index(tmp_path, capsys):
 
 def test_gpus_far_under_their_power_limit_are_pointed_out():
     summary, _, _ = load('healthy')
-    note = gs.power_note(gs.by_level(summary['gpu']))
+    note = results.power_note(results.by_level(summary['gpu']))
     assert note.startswith('GPU power: at concurrency 1024 the GPUs drew 250 W of a 600 W limit (42 %)')
     busy = {1024: {'mean_power_w': 560.0, 'power_limit_w': 600.0, 'mean_util_pct': 97.0}}
-    assert gs.power_note(busy) is None and gs.power_note({}) is None
-    assert 'GPU power:' in gs.markdown(summary)
+    assert results.power_note(busy) is None and results.power_note({}) is None
+    assert 'GPU power:' in report.markdown(summary)
 
 
 def test_two_golden_runs_side_by_side(tmp_path):
     """glm5 compare's table and plot: the slow run against the healthy one."""
     healthy, slow = load('healthy')[0], load('slow')[0]
-    cmp = gs.compare(healthy, slow)
+    cmp = report.compare(healthy, slow)
     assert [r['run'] for r in cmp['runs']] == [healthy['run'], slow['run']]
     assert [row['concurrency'] for row in cmp['levels']] == [1, 64, 256, 512, 1024]
     one = cmp['levels'][1]['total_tok_s']
@@ -358,16 +361,16 @@ def test_two_golden_runs_side_by_side(tmp_path):
     same = {m['key']: m['same'] for m in cmp['meta']}
     assert same['sglang'] and same['profile'] and same['flags_sha256'], cmp['meta']   # the slow one: an env fault
     assert same['workload'] and cmp['meta'][-1]['a'] == 'random-ids 256/128 range ratio 0.0', cmp['meta']
-    text = gs.compare_markdown(cmp)
+    text = report.compare_markdown(cmp)
     assert text.startswith('# {0} (pass) vs {1} (FAIL)'.format(healthy['run'], slow['run']))
     assert '| 64 | 705.2 -> 354.0 (-49.8 %, worse) |' in text, text
     assert '| 256 | 1,856.3 -> - |' in text and '| pass / FAIL |' in text
     changed = dict(slow, meta=dict(slow['meta'], sglang='0.5.13', flags_sha256='f' * 64),
                    settings=dict(slow['settings'], input_len=512))
-    text = gs.compare_markdown(gs.compare(healthy, changed))
+    text = report.compare_markdown(report.compare(healthy, changed))
     assert 'sglang: 0.5.12.post1 -> 0.5.13' in text and 'flags_sha256: 14925827183e -> ffffffffffff' in text
     assert 'workload: random-ids 256/128 range ratio 0.0 -> random-ids 512/128 range ratio 0.0' in text, text
-    gs.plot_compare(healthy, slow, str(tmp_path / 'cmp.png'))
+    plots.plot_compare(healthy, slow, str(tmp_path / 'cmp.png'))
     assert png_size(str(tmp_path / 'cmp.png')) == (1200, 800)
 
 
@@ -392,7 +395,10 @@ def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
                        {'ansible.builtin.copy': {'content': '{{ __sglang_smoke_rollback | to_json }}', 'dest': str(out),
                                                  'mode': '0600'}}]}]
     (tmp_path / 'play.yml').write_text(yaml.safe_dump(play))
-    extra = {'sglang_smoke_service': 'x', '__sglang_smoke_unit': str(unit), '__sglang_smoke_envfile': str(env),
+    # the node's contract (sglang_service_node), its unit and environment file here
+    contract = {'service': 'x', 'unit': str(unit), 'env_file': str(env), 'previous_suffix': '.previous',
+                'failed_suffix': '.failed'}
+    extra = {'sglang_smoke_service': 'x', 'sglang_service_node': contract,
              'sglang_smoke_passed_file': str(tmp_path / 'passed.json'),   # none passed here
              '__sglang_smoke_files': {'results': []}, '__sglang_smoke_meta': {'unit_sha256': '', 'env_sha256': ''}}
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', 'localhost,',
@@ -427,7 +433,7 @@ def test_a_report_whose_sweep_never_ran_links_only_the_plots_it_has(tmp_path):
     """A probe that failed skips the sweep: no throughput or latency plot is drawn, and report.md linked them anyway."""
     summary, _, samples = load('healthy')
     summary = dict(copy.deepcopy(summary), levels=[], sweep=[], passed=False)
-    files = gs.write_report(str(tmp_path), summary, samples, None)
+    files = plots.write_report(str(tmp_path), summary, samples, None)
     assert files == ['summary.json', 'report.md', 'gpus.png'], files
     md = (tmp_path / 'report.md').read_text()
     assert '![gpus](gpus.png)' in md and 'throughput.png' not in md and 'latency.png' not in md, md[-300:]
@@ -450,9 +456,9 @@ def test_an_engine_that_restarted_during_a_level_is_said_so_and_fails_it():
     summary, records, _ = load('healthy')
     cfg = settings_of(summary)
     sweep = [{'concurrency': 1, 'prompts': 8, 'line': 0, 'error': None, 'engine': text}]
-    (level,) = gs.evaluate(sweep, records, cfg)
+    (level,) = results.evaluate(sweep, records, cfg)
     assert not level['passed'] and [g for g in level['gates'] if not g['passed']] == [
         {'gate': 'engine', 'value': None, 'threshold': None, 'passed': False, 'text': text}]
     sweep = [{'concurrency': 1, 'prompts': 8, 'line': None, 'error': text + '; bench_serving exited 1', 'engine': text}]
-    (level,) = gs.evaluate(sweep, records, cfg)
+    (level,) = results.evaluate(sweep, records, cfg)
     assert level['gates'][0]['text'].startswith('no result from bench_serving at concurrency 1: the engine stopped')

@@ -8,13 +8,13 @@ import glob
 import os
 
 import pytest
-from glm5_lab import labd
+from glm5_lab.paths import STATE
 from siterun import site
 
 UPGRADE = '580.105.08'
 INSTALLED = '580.95.05'       # lab_nvidia_driver_version
 # this test's own stand-in host driver (the lab's stays as it is)
-STANDIN = {'lab_gpu_standin_dir': os.path.join(labd.STATE, 'gpu-standin-upgrade-test')}
+STANDIN = {'lab_gpu_standin_dir': os.path.join(STATE, 'gpu-standin-upgrade-test')}
 
 pytestmark = pytest.mark.ct
 
@@ -31,7 +31,7 @@ def node(ct_deploy):
 
 
 def versions(vmid):
-    libs = os.path.join(labd.STATE, 'lxc', 'pve-{0}'.format(vmid), 'rootfs/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*')
+    libs = os.path.join(STATE, 'lxc', 'pve-{0}'.format(vmid), 'rootfs/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*')
     return sorted(os.path.basename(p)[len('libnvidia-ml.so.'):] for p in glob.glob(libs))
 
 

@@ -67,11 +67,8 @@ def two_nodes(tmp_path, b):
     """A lab inventory with glm5-a (vmid 194) and glm5-b (its host variables b)."""
     import yaml
     hosts = {'all': {'children': {
-        'pve_hosts': {'hosts': {'pve-lab': {'ansible_connection': 'local',
-                                            'ansible_python_interpreter': '{{ ansible_playbook_python }}'}}},
-        'inference_nodes': {'hosts': {
-            'glm5-a': {'pve_container_vmid': 194, 'ansible_host': '127.0.0.1', 'ansible_port': 20194},
-            'glm5-b': dict({'ansible_host': '127.0.0.1'}, **b)}}}}}
+        'pve_hosts': {'hosts': {'pve-lab': None}},
+        'inference_nodes': {'hosts': {'glm5-a': {'pve_container_vmid': 194}, 'glm5-b': b}}}}}
     (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(hosts))
     os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(tmp_path / 'group_vars'))
     return str(tmp_path)

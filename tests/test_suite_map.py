@@ -56,7 +56,7 @@ def test_the_lanes_share_no_container_id_port_or_bench_history():
         vmid = hv['pve_container_vmid']
         claim('vmid', vmid, lane, node)
         claim('ssh port', hv['ansible_port'], lane, node)
-        claim('service port', 30000 + vmid, lane, node)        # the lab's sglang_service_port
+        claim('service port', hv['sglang_service_port'], lane, node)
         claim('bench history', hv.get('pve_container_bench_history_dir',
                                       defaults['pve_container_bench_history_dir']), lane, node)
         # both lanes create containers at once: one known_hosts file would be rewritten by both
@@ -84,7 +84,9 @@ def test_the_full_stack_node_runs_at_the_test_speed_and_make_deploy_at_the_seeds
     assert defaults['sglang_smoke_speed_factor'] == '{{ lab_emulator_speed }}'
     assert defaults['lab_sglang_service_env'] == {'GLM5_EMULATOR_SPEED': '{{ lab_emulator_speed }}'}
     stack = [hv for lane, _, _, hv in lane_nodes() if lane == 'stack']
-    assert stack and all(hv['lab_emulator_speed'] > 1 and 'sglang_smoke_speed_factor' not in hv for hv in stack)
+    # the node sets the emulator's speed; the smoke test's factor follows it (one variable, both places)
+    assert stack and all(hv['lab_emulator_speed'] > 1 and hv['sglang_smoke_speed_factor'] == hv['lab_emulator_speed']
+                         for hv in stack)
 
 
 def test_checks_md_lists_every_check_where_it_runs():

@@ -45,7 +45,7 @@ def pve_container_conflicts(nodes, host):
                                 host, other['host'], me['vmid'], me['api']))
         if other['ssh'] == me['ssh']:
             problems.append('{0} and {1} both reach their container at {2} (ansible_host:ansible_port): give each '
-                            'node its own address or port (in the lab: 20000 + vmid)'.format(
+                            'node its own address or port'.format(
                                 host, other['host'], me['ssh']))
         if other['pve_host'] == me['pve_host']:
             shared = sorted(set(me['dirs']) & set(other['dirs']))

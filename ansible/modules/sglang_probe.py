@@ -81,7 +81,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.glm5_smoke import judge_answer
+from ansible.module_utils.glm5_probe import judge_answer
 
 
 def ask(url, key, model, prompt, max_tokens, timeout, logprobs):

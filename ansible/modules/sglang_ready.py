@@ -7,7 +7,8 @@ module: sglang_ready
 short_description: Wait until a systemd-run SGLang server is ready, watching the unit as well as the port
 description:
   - >-
-    Polls C(url)/health_generate (sglang generates one token: 503 while it loads or drains) until it answers 200,
+    Polls C(url), the server's readiness URL (sglang's /health_generate generates one token: 503 while it loads or
+    drains; the node's contract names it: sglang_service_contract), until it answers 200,
     and watches the C(unit) meanwhile (C(systemctl show)). The wait ends at once, failed, when the unit has failed
     (its start limit hit, say: a port already taken makes sglang exit at every start) or when it has restarted
     C(max_restarts) times since the wait began; the message names the unit's state and result, its restarts, what
@@ -16,7 +17,7 @@ description:
   - >-
     Changes nothing. In check mode it reports what it would wait for, and waits for nothing.
 options:
-  url: {description: The server's base URL (http://host:port)., type: str, required: true}
+  url: {description: "The server's readiness URL (http://host:port/health_generate).", type: str, required: true}
   unit: {description: The systemd unit that runs it (glm5-sglang)., type: str, required: true}
   timeout: {description: Seconds to wait at most (a large model loads for minutes)., type: int, default: 3600}
   poll: {description: Seconds between polls., type: float, default: 10}
@@ -31,13 +32,13 @@ author: GLM-5 node maintainers
 EXAMPLES = r'''
 - name: Ready
   sglang_ready:
-    url: http://127.0.0.1:30000
+    url: http://127.0.0.1:30000/health_generate
     unit: glm5-sglang
     timeout: 3600
 '''
 
 RETURN = r'''
-status: {description: The last HTTP status of /health_generate (null when nothing answered)., returned: always, type: int}
+status: {description: The last HTTP status of the readiness URL (null when nothing answered)., returned: always, type: int}
 seconds: {description: How long the wait took., returned: always, type: float}
 unit: {description: "The unit at the end: ActiveState, SubState, Result, NRestarts, MainPID.", returned: always, type: dict}
 restarts: {description: Restarts of the unit during the wait., returned: always, type: int}
@@ -56,7 +57,7 @@ from ansible.module_utils.glm5_systemd import unit_state
 def health(url, timeout=30):
     """(status or None, what answered: 'HTTP 404', 'connection refused', ...)."""
     try:
-        with urllib.request.urlopen(url.rstrip('/') + '/health_generate', timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, 'HTTP {0}'.format(r.status)
     except urllib.error.HTTPError as exc:
         return exc.code, 'HTTP {0}'.format(exc.code)
@@ -101,8 +102,8 @@ def wait(p, clock=time.monotonic, sleep=time.sleep):
             result['journal'] = journal(p['unit'], p['journal_lines'])
             squatter = ' (not the service: the unit does not run, so another process holds the port)' \
                 if status is not None and state.get('ActiveState') != 'active' else ''
-            result['msg'] = '{0} is not ready: {1}. The unit: {2}. {3}/health_generate: {4}{5}. Its last words: {6}'.format(
-                p['unit'], why, describe(p['unit'], state), p['url'].rstrip('/'), answered, squatter,
+            result['msg'] = '{0} is not ready: {1}. The unit: {2}. {3}: {4}{5}. Its last words: {6}'.format(
+                p['unit'], why, describe(p['unit'], state), p['url'], answered, squatter,
                 ' | '.join(x.strip() for x in result['journal'][-3:]) or '(no journal lines)')
             return False, result
         sleep(p['poll'])

@@ -64,20 +64,9 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.glm5_smoke import (
-    build_summary,
-    config_problems,
-    evaluate,
-    gpu_by_level,
-    index_entry,
-    index_markdown,
-    merge_index,
-    parse_jsonl,
-    plot_trend,
-    previous_entry,
-    scaled,
-    write_report,
-)
+from ansible.module_utils.glm5_plots import plot_trend, write_report
+from ansible.module_utils.glm5_report import index_entry, index_markdown, merge_index, previous_entry
+from ansible.module_utils.glm5_results import build_summary, config_problems, evaluate, gpu_by_level, parse_jsonl, scaled
 
 
 def read_jsonl(path):

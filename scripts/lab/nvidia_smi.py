@@ -8,7 +8,8 @@ fixture (tests/fixtures/nvidia-smi/rtx-pro-6000-8gpu-constructed) with the insta
                          else the fixture's own)
 
 Knows the calls this package makes: --query-gpu with the recorded field list (the facts) or the smoke test's
-sample fields (sample-query.csv: the same figures every time) and --format=csv, -q -x, topo -m, -L, --version. Anything else exits 2 with a message, so a new call is noticed, not faked.
+sample fields (sample-query.csv: the same figures every time) and --format=csv, -q -x, topo -m, -L, --version.
+Anything else exits 2 with a message, so a new call is noticed, not faked.
 """
 import os
 import re

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lab stand-in for the GLM-5-NVFP4 model directory (no GPU here; the real one is ~400 GB).
 
-    stand-in-model DIR
+    stand_in_model.py DIR
 
 Writes, once, a directory shaped like a Hugging Face model snapshot: config.json (GLM-5's architecture name and
 model type, tiny sizes), generation_config.json, a BPE tokenizer trained here with the `tokenizers` library
@@ -73,7 +73,7 @@ def write_sums(out):
 
 def main(argv):
     if len(argv) != 1:
-        raise SystemExit('usage: stand-in-model DIR')
+        raise SystemExit('usage: stand_in_model.py DIR')
     out = argv[0]
     marker = os.path.join(out, '.glm5-stand-in')
     if os.path.exists(marker):
@@ -102,7 +102,7 @@ def main(argv):
     with open(os.path.join(out, 'model.safetensors'), 'wb') as fh:
         fh.write(safetensors_bytes())
     with open(marker, 'w') as fh:
-        fh.write('glm5 lab stand-in for GLM-5-NVFP4 (scripts/lab/stand-in-model): no weights that compute\n')
+        fh.write('glm5 lab stand-in for GLM-5-NVFP4 (scripts/lab/stand_in_model.py): no weights that compute\n')
     write_sums(out)
     print('built')
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lab stand-in for NVIDIA's .run driver installer (NVIDIA-Linux-x86_64-<version>.run): no GPU, no download.
 
-The lab packs this file, scripts/lab/nvidia-smi and the constructed 8-GPU fixture into
+The lab packs this file, scripts/lab/nvidia_smi.py and the constructed 8-GPU fixture into
 NVIDIA-Linux-x86_64-<version>.run (ansible/playbooks/lab_gpu_driver.yml), a shell archive run as
 `sh NVIDIA-Linux-x86_64-<version>.run <flags>` like the real one; the version comes from the file name.
 

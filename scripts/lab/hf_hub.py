@@ -2,7 +2,7 @@
 """Lab stand-in for the Hugging Face hub (nothing here reaches huggingface.co): serves model repositories from a
 directory over the part of the hub's HTTP API that huggingface_hub's snapshot_download and model_info use.
 
-    hf-hub ROOT [--host 127.0.0.1] [--port 0] [--token T] [--cut-after BYTES] [--corrupt PATH]
+    hf_hub.py ROOT [--host 127.0.0.1] [--port 0] [--token T] [--cut-after BYTES] [--corrupt PATH]
 
 ROOT/<org>/<name>/ is one repository at one revision: its commit sha is derived from the files' contents (sha1 of
 the listing), so a changed file is a new revision. Point a client at it with HF_ENDPOINT=http://host:port.

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Lab stand-in for NVIDIA's apt repository (developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/).
 
-    nvidia-apt-repo REPO_DIR GNUPG_HOME VERSION PAYLOAD_DIR
+    nvidia_apt_repo.py REPO_DIR GNUPG_HOME VERSION PAYLOAD_DIR
 
 Adds stand-in driver packages of VERSION (Debian version VERSION-1) to the flat repository REPO_DIR (labd
 serves <lab state>/www over HTTP) and signs it, as NVIDIA's is signed, with a key kept in GNUPG_HOME (made on
 first use; its public half is REPO_DIR/lab-nvidia-repo.pub, the counterpart of NVIDIA's 3bf863cc.pub). Packages
 of other versions already in the repository stay, so a host can be moved between versions. Real apt installs
 them: dependencies with exact versions, maintainer scripts, holds. What they install is what the stand-in
-.run installer installs (scripts/lab/nvidia-installer: its texts are reused, not copied):
+.run installer installs (scripts/lab/nvidia_installer.py: its texts are reused, not copied):
 
 - nvidia-kernel-open-dkms: /usr/src/nvidia-VERSION/dkms.conf, registered with the real `dkms add` by its
   postinst and removed by its prerm (no module is built: there is no GPU and no kernel source here);
@@ -21,8 +21,6 @@ Prints "added VERSION" or "unchanged"; exits non-zero with one line on bad input
 import datetime
 import gzip
 import hashlib
-import importlib.machinery
-import importlib.util
 import os
 import re
 import shutil
@@ -30,19 +28,15 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 KEY_NAME = 'glm5 lab stand-in for the NVIDIA CUDA repository'
 PUBLIC_KEY = 'lab-nvidia-repo.pub'
 MAINTAINER = 'glm5 lab <root@localhost>'
 
 
 def installer():
-    """scripts/lab/nvidia-installer as a module (its file has no .py suffix)."""
-    loader = importlib.machinery.SourceFileLoader('nvidia_installer', os.path.join(HERE, 'nvidia-installer'))
-    spec = importlib.util.spec_from_loader('nvidia_installer', loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """scripts/lab/nvidia_installer.py, whose texts (and paths) the packages reuse."""
+    from glm5_lab import nvidia_installer
+    return nvidia_installer
 
 
 def run(argv, **kw):
@@ -64,7 +58,7 @@ def control(name, debver, depends, description):
              'Section: non-free/libs', 'Priority: optional']
     if depends:
         lines.append('Depends: ' + ', '.join(depends))
-    lines += ['Description: ' + description, ' Lab stand-in (scripts/lab/nvidia-apt-repo): no GPU code.']
+    lines += ['Description: ' + description, ' Lab stand-in (scripts/lab/nvidia_apt_repo.py): no GPU code.']
     return '\n'.join(lines) + '\n'
 
 
@@ -142,7 +136,7 @@ def index(repo, gpg, force):
         dst.write(src.read())
     files = ['Packages', 'Packages.gz']
     release = ['Origin: glm5-lab', 'Label: NVIDIA CUDA repository (lab stand-in)', 'Architectures: amd64',
-               'Date: ' + datetime.datetime.now(datetime.timezone.utc).strftime('%a, %d %b %Y %H:%M:%S UTC')]
+               'Date: ' + datetime.datetime.now(datetime.UTC).strftime('%a, %d %b %Y %H:%M:%S UTC')]
     for field, algo in (('MD5Sum', 'md5'), ('SHA256', 'sha256')):
         release.append(field + ':')
         for name in files:

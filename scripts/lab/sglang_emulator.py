@@ -28,9 +28,9 @@ and its server_args.py: a restart with the same flags skips importing sglang (~1
 or a refused argv go through the parser. The API key is never written there.
 
 Fault switches, from the environment (the unit's EnvironmentFile in the lab), comma-separated in
-GLM5_EMULATOR_FAULTS: nan (a repeated-token loop, what NaN logits produce, and NaN log-probabilities), garbage (replacement characters),
-crash-after=N (the process dies after N completed requests), slow=F (steps F times longer), slow-start=S
-(/health* answer 503 for S seconds after start).
+GLM5_EMULATOR_FAULTS: nan (a repeated-token loop, what NaN logits produce, and NaN log-probabilities), garbage
+(replacement characters), crash-after=N (the process dies after N completed requests), slow=F (steps F times
+longer), slow-start=S (/health* answer 503 for S seconds after start).
 
 Speed, for tests only: GLM5_EMULATOR_SPEED=F (default 1, the seeds' pace) makes every step F times shorter, so a
 sweep takes 1/F of the time; the smoke test must then be told the same factor (sglang_smoke_speed_factor), which
@@ -283,6 +283,7 @@ def cache_dir():
 
 def build_app(args, engine):
     import importlib.metadata
+
     from aiohttp import web
     served = args.served_model_name or args.model_path
     start = time.monotonic()

@@ -1,0 +1,102 @@
+"""Where commands run: a host over SSH (Fabric), or this machine (ansible_connection: local)."""
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import subprocess
+
+from glm5.errors import OpsError
+
+
+class Result(object):
+    def __init__(self, stdout, stderr, exited):
+        self.stdout, self.stderr, self.exited = stdout, stderr, exited
+
+    @property
+    def ok(self):
+        return self.exited == 0
+
+
+class Local(object):
+    """A host with ansible_connection: local (the lab's PVE host is this machine)."""
+    def __init__(self, hv):
+        self.hv, self.name, self.where = hv, hv.name, 'local'
+
+    def run(self, cmd, timeout=60):
+        # subprocess, not invoke's run: invoke forwards a Ctrl-C to the command and waits for it, where glm5 bench's
+        # wait (its progress reads the PVE host) must end on it
+        try:
+            p = subprocess.run(['/bin/sh', '-c', cmd], capture_output=True, encoding='utf-8', errors='replace',
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Result('', 'timed out after {0} s'.format(timeout), 124)
+        return Result(p.stdout, p.stderr, p.returncode)
+
+    def close(self):
+        pass
+
+
+class Ssh(object):
+    """A host over SSH with Fabric, with the inventory's user, port, key and known-hosts file. Unknown host keys are
+    refused (the deploy records them), as OpenSSH's StrictHostKeyChecking does."""
+    def __init__(self, hv):
+        import paramiko
+        from fabric import Connection
+        self.hv, self.name = hv, hv.name
+        host = hv.get('ansible_host', hv.name)
+        port = int(hv.get('ansible_port', 22))
+        user = hv.get('ansible_user') or hv.get('ansible_ssh_user') or getpass.getuser()
+        self.where = '{0}@{1}:{2}'.format(user, host, port)
+        kwargs = {'look_for_keys': True, 'allow_agent': True, 'banner_timeout': 10, 'auth_timeout': 10}
+        key = hv.get('ansible_ssh_private_key_file') or hv.get('ansible_private_key_file')
+        if key:
+            kwargs.update(key_filename=os.path.expanduser(key), look_for_keys=False)
+        password = hv.get('ansible_password') or hv.get('ansible_ssh_pass')
+        if password:
+            kwargs['password'] = password
+        self.known_hosts = []
+        for args in (hv.get('ansible_ssh_common_args', ''), hv.get('ansible_ssh_extra_args', '')):
+            self.known_hosts += re.findall(r'UserKnownHostsFile=(\S+)', args or '')
+        self.known_hosts += [hv.get('pve_container_known_hosts_file', ''), '~/.ssh/known_hosts']
+        self.known_hosts = [os.path.expanduser(p) for p in dict.fromkeys(self.known_hosts) if p]
+        self.conn = Connection(host, user=user, port=port, connect_kwargs=kwargs, connect_timeout=10)
+        self.conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        for path in self.known_hosts:
+            if os.path.exists(path):
+                self.conn.client.load_host_keys(path)
+        self._opened = False
+
+    def open(self):
+        if self._opened:
+            return
+        import paramiko
+        try:
+            self.conn.open()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            why = str(exc) or type(exc).__name__
+            if 'not found in known_hosts' in why:
+                why += ' (site.yml records a node\'s key when it deploys it; looked in {0})'.format(
+                    ', '.join(self.known_hosts))
+            raise OpsError('{0}: cannot reach {1} over SSH: {2}'.format(self.name, self.where, why)) from None
+        self._opened = True
+
+    def run(self, cmd, timeout=60, stream=False, pty=False):
+        """pty: a terminal on the far side, so that Ctrl-C here reaches the command there (journalctl -f)."""
+        self.open()
+        try:
+            # stream: True shows stdout and stderr as they come, 'out' only stdout (stderr is kept for the error line)
+            hide = 'err' if stream == 'out' else not stream
+            r = self.conn.run(cmd, hide=hide, warn=True, in_stream=False, timeout=timeout, pty=pty)
+        except Exception as exc:  # invoke's CommandTimedOut, paramiko's errors: the node, not bad input
+            if type(exc).__name__ == 'CommandTimedOut':
+                return Result('', 'timed out after {0} s'.format(timeout), 124)
+            raise OpsError('{0}: SSH to {1} failed: {2}'.format(self.name, self.where, exc)) from None
+        return Result(r.stdout, r.stderr, r.exited)
+
+    def close(self):
+        self.conn.close()
+
+
+def connect(hv):
+    return Local(hv) if hv.get('ansible_connection') == 'local' else Ssh(hv)

@@ -1,0 +1,141 @@
+"""The LXC driver: lab containers as real LXC containers under the lab's own lxcpath (pve-<vmid>), made, configured,
+started, stopped and destroyed as pve-container does it on a PVE node."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+
+from glm5_lab.paths import ssh_port, write_if_changed, write_private
+from glm5_lab.pveconf import lxc_config
+
+LOG = logging.getLogger('labd')
+
+
+def _node_is(path, kind, mode, uid, gid, rdev):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    is_kind = stat.S_ISCHR(st.st_mode) if kind == 'c' else stat.S_ISBLK(st.st_mode)
+    return is_kind and st.st_rdev == rdev and stat.S_IMODE(st.st_mode) == mode and (st.st_uid, st.st_gid) == (uid, gid)
+
+
+def _count_nodes(top):
+    return sum(len(files) for _, _, files in os.walk(top))
+
+
+def lxc(*args, check=True, timeout=120):
+    return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=timeout)
+
+
+class LabLxc(object):
+    """Lab containers live under their own lxcpath as pve-<vmid>; nothing else is ever touched."""
+
+    def __init__(self, p):
+        self.p = p
+        self.lxcpath = p['lxcpath']
+        os.makedirs(self.lxcpath, exist_ok=True)
+
+    def name(self, vmid):
+        return 'pve-{0}'.format(vmid)
+
+    def ctdir(self, vmid):
+        return os.path.join(self.lxcpath, self.name(vmid))
+
+    def exists(self, vmid):
+        return os.path.exists(os.path.join(self.ctdir(vmid), 'rootfs', 'etc'))
+
+    def vmids(self):
+        out = []
+        for entry in os.listdir(self.lxcpath):
+            m = re.fullmatch(r'pve-(\d+)', entry)
+            if m and os.path.exists(os.path.join(self.lxcpath, entry, 'lab-created')):
+                out.append(int(m.group(1)))
+        return out
+
+    def state(self, vmid):
+        if not os.path.exists(os.path.join(self.ctdir(vmid), 'config')):
+            return 'absent'
+        r = lxc('lxc-info', '-P', self.lxcpath, '-n', self.name(vmid), '-sH', check=False)
+        return r.stdout.strip().lower() or 'stopped'
+
+    def create(self, vmid, template, keys):
+        ctdir = self.ctdir(vmid)
+        rootfs = os.path.join(ctdir, 'rootfs')
+        os.makedirs(rootfs, exist_ok=True)
+        with open(os.path.join(ctdir, 'lab-created'), 'w') as out:
+            out.write('{0}\n'.format(vmid))
+        LOG.info('CT %s: extracting %s', vmid, template)
+        lxc('tar', '-xpzf', template, '-C', rootfs, '--numeric-owner', timeout=900)
+        for old in os.listdir(os.path.join(rootfs, 'etc/ssh')):
+            if old.startswith('ssh_host_'):
+                os.unlink(os.path.join(rootfs, 'etc/ssh', old))
+        lxc('ssh-keygen', '-A', '-f', rootfs)
+        # Like pve-container on create: a new container gets its own machine-id at first boot.
+        with open(os.path.join(rootfs, 'etc/machine-id'), 'w'):
+            pass
+        try:
+            os.unlink(os.path.join(rootfs, 'var/lib/dbus/machine-id'))
+        except FileNotFoundError:
+            pass
+        if keys:
+            sshdir = os.path.join(rootfs, 'root/.ssh')
+            os.makedirs(sshdir, mode=0o700, exist_ok=True)
+            write_private(os.path.join(sshdir, 'authorized_keys'), (keys.strip() + '\n').encode())
+
+    def write_config(self, vmid, config):
+        ctdir = self.ctdir(vmid)
+        text, nodes = lxc_config(vmid, config, ctdir)
+        rootfs = os.path.join(ctdir, 'rootfs')
+        hostname = config.get('hostname', 'CT{0}'.format(vmid))
+        files = {
+            os.path.join(ctdir, 'config'): text,
+            os.path.join(rootfs, 'etc/hostname'): hostname + '\n',
+            os.path.join(rootfs, 'etc/hosts'): '127.0.0.1 localhost\n127.0.1.1 {0}\n'.format(hostname),
+            os.path.join(rootfs, 'etc/ssh/sshd_config.d/00-glm5-lab.conf'):
+                '# lab: the container shares the host network; listen on loopback only\n'
+                'ListenAddress 127.0.0.1\nPort {0}\n'.format(ssh_port(vmid)),
+        }
+        changed = False
+        for path, content in files.items():
+            changed = write_if_changed(path, content) or changed
+        if all(_node_is(*n) for n in nodes) and len(nodes) == _count_nodes(os.path.join(ctdir, 'passthrough')):
+            return changed
+        shutil.rmtree(os.path.join(ctdir, 'passthrough'), ignore_errors=True)
+        for node, kind, mode, uid, gid, rdev in nodes:
+            os.makedirs(os.path.dirname(node), exist_ok=True)
+            os.mknod(node, mode | (stat.S_IFCHR if kind == 'c' else stat.S_IFBLK), rdev)
+            os.chmod(node, mode)
+            os.chown(node, uid, gid)
+        return changed
+
+    def start(self, vmid):
+        r = lxc('lxc-start', '-P', self.lxcpath, '-n', self.name(vmid), check=False)
+        if r.returncode != 0:
+            tail = ''
+            try:
+                with open(os.path.join(self.ctdir(vmid), 'lxc.log')) as fh:
+                    tail = ' | '.join(fh.read().strip().splitlines()[-3:])
+            except OSError:
+                pass
+            return (r.stderr.strip() or 'lxc-start failed') + (' ' + tail if tail else '')
+        return None
+
+    def stop(self, vmid, timeout=30):
+        if self.state(vmid) == 'running':
+            lxc('lxc-stop', '-P', self.lxcpath, '-n', self.name(vmid), '-t', str(timeout), check=False,
+                timeout=timeout + 30)
+
+    def destroy(self, vmid):
+        """Remove the container and its rootfs; never a bind-mounted host path."""
+        self.stop(vmid, timeout=10)
+        ctdir = os.path.realpath(self.ctdir(vmid))
+        with open('/proc/self/mountinfo') as fh:
+            mounted = [line.split()[4] for line in fh if line.split()[4].startswith(ctdir + '/')]
+        if mounted:
+            raise RuntimeError('CT {0}: refusing to remove {1}: still mounted: {2}'.format(vmid, ctdir, mounted))
+        shutil.rmtree(ctdir)
