@@ -397,9 +397,8 @@ def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
     (tmp_path / 'play.yml').write_text(yaml.safe_dump(play))
     # the node's contract (sglang_service_node), its unit and environment file here
     contract = {'service': 'x', 'unit': str(unit), 'env_file': str(env), 'previous_suffix': '.previous',
-                'failed_suffix': '.failed'}
-    extra = {'sglang_smoke_service': 'x', 'sglang_service_node': contract,
-             'sglang_smoke_passed_file': str(tmp_path / 'passed.json'),   # none passed here
+                'failed_suffix': '.failed', 'passed_file': str(tmp_path / 'passed.json')}   # none passed here
+    extra = {'sglang_service_node': contract,
              '__sglang_smoke_files': {'results': []}, '__sglang_smoke_meta': {'unit_sha256': '', 'env_sha256': ''}}
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', 'localhost,',
                         str(tmp_path / 'play.yml'), '-e', json.dumps(extra)], cwd=ROOT, capture_output=True, text=True,

@@ -63,7 +63,8 @@ class Inventory(object):
 
     def contract(self, name):
         """The node's contract as the roles see it: sglang_service's sglang_service_contract, rendered with the node's
-        variables -> {service, unit, env_file, previous_suffix, failed_suffix, url, ready_path, key_file, lock_unit}."""
+        variables -> {service, unit, env_file, previous_suffix, failed_suffix, passed_file,
+        url, ready_path, key_file, lock_unit}."""
         path, var = CONTRACT
         raw = (self.loader.load_from_file(os.path.join(ROOT, path), trusted_as_template=True) or {}).get(var)
         if not isinstance(raw, dict):
