@@ -14,7 +14,7 @@ import pytest
 import yaml
 from glm5_lab.paths import paths
 from siterun import ROOT
-from test_glm5_ops import GLM5, NODE, ssh
+from test_glm5_ops import CONTRACT, GLM5, NODE, ssh
 
 with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
     LAB = yaml.safe_load(fh)
@@ -91,7 +91,7 @@ def test_no_secret_in_the_containers_files_but_their_own(secrets):
                ['/opt/glm5/sglang.d/*/lib', '/var/lib/apt', '/var/lib/dpkg'], secrets, container=True)
     assert out['files'] >= 200, out
     assert leaks(out['found']) == [], out['found']
-    assert '/etc/glm5/glm5-sglang.env' in [path for path, _ in out['found']], out['found']   # the scan sees it
+    assert CONTRACT['env_file'] in [path for path, _ in out['found']], out['found']   # the scan sees it
 
 
 @pytest.mark.stack
