@@ -2,6 +2,7 @@
 variables (role defaults under them, templates rendered), never a second copy."""
 from __future__ import annotations
 
+import functools
 import os
 
 from glm5.errors import OpsError, UsageError
@@ -15,8 +16,10 @@ CONTRACT = (os.path.join('roles', 'sglang_service', 'vars', 'main.yml'), 'sglang
 GROUP = 'inference_nodes'
 
 
+@functools.cache
 def _ansible():
-    """Ansible's inventory, variable and template code, with this project's ansible.cfg and module_utils."""
+    """Ansible's inventory, variable and template code, with this project's ansible.cfg and module_utils. Once a
+    process: a second init_plugin_loader warns on stderr, where glm5's errors are one line."""
     os.environ.setdefault('ANSIBLE_CONFIG', ANSIBLE_CFG)
     use_module_utils()
     from ansible.plugins.loader import init_plugin_loader
