@@ -64,20 +64,15 @@ class Inventory(object):
             self.defaults.update(self.loader.load_from_file(os.path.join(ROOT, 'roles', role, 'defaults', 'main.yml'),
                                                             trusted_as_template=True) or {})
 
-    def contract(self, name):
+    def contract(self, name, hostvars=None):
         """The node's contract as the roles see it: sglang_service's sglang_service_contract, rendered with the node's
-        variables -> {service, unit, env_file, previous_suffix, failed_suffix, passed_file,
-        url, ready_path, key_file, lock_unit}."""
+        variables (hostvars: its HostVars, when the caller has them) -> {service, unit, env_file, previous_suffix,
+        failed_suffix, passed_file, url, ready_path, key_file, lock_unit}."""
         path, var = CONTRACT
         raw = (self.loader.load_from_file(os.path.join(ROOT, path), trusted_as_template=True) or {}).get(var)
         if not isinstance(raw, dict):
             raise OpsError('{0} defines no {1}: this checkout is broken'.format(path, var))
-        hv = self.host_vars(name)
-        try:
-            return hv.templar.template(raw)
-        except Exception as exc:  # Ansible raises many types; all mean "this variable cannot be rendered"
-            raise OpsError('{0}: cannot render {1} from the inventory: {2}'.format(
-                name, var, str(exc).splitlines()[0])) from None
+        return (hostvars or self.host_vars(name)).render(var, raw)
 
     def nodes(self):
         group = self.inv.groups.get(GROUP)
@@ -124,9 +119,13 @@ class HostVars(object):
     def get(self, key, default=None):
         if key not in self.variables:
             return default
+        value = self.render(key, self.variables[key])
+        return default if value is None else value
+
+    def render(self, key, raw):
+        """raw (the value of variable key) templated with this host's variables."""
         try:
-            value = self.templar.template(self.variables[key])
+            return self.templar.template(raw)
         except Exception as exc:  # Ansible raises many types; all mean "this variable cannot be rendered"
             raise OpsError('{0}: cannot render {1} from the inventory: {2}'.format(
                 self.name, key, str(exc).splitlines()[0])) from None
-        return default if value is None else value

@@ -39,7 +39,7 @@ class Node(object):
         self.hv = inventory.host_vars(name)
         hv = self.hv
         # what the roles build, as sglang_service defines it (glm5.inventory: Inventory.contract)
-        self.contract = inventory.contract(name)
+        self.contract = inventory.contract(name, self.hv)
         self.service = self.contract['service']
         self.unit = self.contract['unit']
         self.nvidia_smi = hv.get('sglang_smoke_nvidia_smi', 'nvidia-smi')
