@@ -66,3 +66,32 @@ def test_same_directory_on_another_pve_host_is_fine():
 def test_skip_reason_for_every_state(before, after, state, check, reason):
     result = {'vmid': 120, 'status_before': before, 'status': after}
     assert pve_container_skip_reason(result, state, check) == reason
+
+
+def with_gpus(n, gpus):
+    return dict(n, gpus=gpus)
+
+
+@pytest.mark.parametrize('mine, theirs, words', [
+    ([0, 1, 2, 3], [3, 4], 'GPU 3 of pve1'),
+    ('all', [4, 5], 'every GPU (pve_container_gpus: all) of pve1'),
+    ([0], 'all', 'every GPU (pve_container_gpus: all) of pve1'),
+])
+def test_two_nodes_sharing_a_gpu_are_refused_naming_both(mine, theirs, words):
+    b = with_gpus(node('glm5-b', 121, 20121, ['/srv/b']), theirs)
+    a = with_gpus(A, mine)
+    for me, other in (('glm5-a', 'glm5-b'), ('glm5-b', 'glm5-a')):
+        (problem,) = pve_container_conflicts([a, b], me)
+        assert problem.startswith('{0} and {1} would share {2}'.format(me, other, words)), problem
+        assert "each node's GPUs are its own" in problem
+
+
+@pytest.mark.parametrize('mine, theirs, other_host', [
+    ([0, 1, 2, 3], [4, 5, 6, 7], 'pve1'),   # split between two nodes of one host
+    ('all', 'none', 'pve1'),                # the gateway's container has none
+    ('none', 'none', 'pve1'),
+    ('all', 'all', 'pve2'),                 # each host's GPUs are that host's
+])
+def test_gpus_of_their_own_are_fine(mine, theirs, other_host):
+    b = with_gpus(node('glm5-b', 121, 20121, ['/srv/b'], pve_host=other_host), theirs)
+    assert pve_container_conflicts([with_gpus(A, mine), b], 'glm5-a') == []

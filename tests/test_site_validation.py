@@ -82,6 +82,12 @@ def two_nodes(tmp_path, b):
     ({'pve_container_vmid': 195, 'ansible_port': 20195, 'pve_container_model_cache_dir': '/srv/glm5-lab/other',
       'pve_container_sglang_cache_dir': '/srv/glm5-lab/other-cache'},
      'both bind-mount /srv/glm5-lab/bench-history from pve-lab'),
+    # each node's GPUs are its own: glm5-a takes all of them (the lab's group default)
+    ({'pve_container_vmid': 195, 'ansible_port': 20195, 'pve_container_model_cache_dir': '/srv/glm5-lab/other',
+      'pve_container_sglang_cache_dir': '/srv/glm5-lab/other-cache',
+      'pve_container_bench_history_dir': '/srv/glm5-lab/other-history', 'pve_container_gpus': [7],
+      'pve_container_gpu_count': 1},
+     'would share every GPU (pve_container_gpus: all) of pve-lab'),
 ])
 def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api, tmp_path, b, words):
     before = snapshot(lab_api, WATCHED)

@@ -56,14 +56,18 @@ def _names(minors):
 
 
 def gpu_selection_problems(gpus, count=None):
-    """What is wrong with a GPU selection ('all' or a non-empty list of distinct minors) and an expected count."""
+    """What is wrong with a GPU selection ('all', 'none' or a non-empty list of distinct minors) and an expected
+    count (not used with 'none')."""
+    if gpus == 'none':
+        return []
     if gpus == 'all':
         problems = []
     elif isinstance(gpus, (str, bytes, dict)) or not hasattr(gpus, '__iter__'):
-        return ['pve_container_gpus must be "all" or a list of GPU minors like [0, 1], got {0!r}'.format(gpus)]
+        return ['pve_container_gpus must be "all" or a list of GPU minors like [0, 1], got {0!r} ("none": a '
+                'container without GPUs)'.format(gpus)]
     elif not list(gpus):
-        return ['pve_container_gpus is an empty list: the node needs its GPUs '
-                '(to remove the container use pve_container_state: absent)']
+        return ['pve_container_gpus is an empty list: the node needs its GPUs (to remove the container use '
+                'pve_container_state: absent); a container without GPUs says pve_container_gpus: none']
     elif any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
         return ['pve_container_gpus entries must be GPU minors (whole numbers >= 0), got {0!r}'.format(list(gpus))]
     else:

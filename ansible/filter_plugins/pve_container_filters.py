@@ -53,7 +53,25 @@ def pve_container_conflicts(nodes, host):
                 problems.append('{0} and {1} both bind-mount {2} from {3}: each node needs its own model cache, '
                                 'SGLang cache and benchmark history directories'.format(
                                     host, other['host'], ', '.join(shared), me['pve_host']))
+            clash = _shared_gpus(me.get('gpus', 'none'), other.get('gpus', 'none'))
+            if clash:
+                problems.append('{0} and {1} would share {2} of {3}: each node\'s GPUs are its own; give each node its '
+                                'own list (pve_container_gpus: [0, 1, ...]), or pve_container_gpus: none for a '
+                                'container without GPUs'.format(host, other['host'], clash, me['pve_host']))
     return problems
+
+
+def _shared_gpus(mine, theirs):
+    """The GPUs two selections on one PVE host would both take, in words ('' when none)."""
+    if mine == 'none' or theirs == 'none':
+        return ''
+    if mine == 'all' or theirs == 'all':
+        return 'every GPU (pve_container_gpus: all)'
+    try:
+        both = sorted(set(int(g) for g in mine) & set(int(g) for g in theirs))
+    except (TypeError, ValueError):
+        return ''
+    return 'GPU {0}'.format(', '.join(str(g) for g in both)) if both else ''
 
 
 def pve_container_skip_reason(result, state, check_mode=False):
