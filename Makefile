@@ -96,7 +96,8 @@ lane-stack: venv
 # The container-stage node (molecule/pve_container's inventory, vmid 190): the site.yml tests about the container and
 # GPU plays build it with site.yml (less the SGLang plays) and run on it; it stays up for host-checks. (The roles'
 # own verifies run on the full-stack node: molecule/default imports them.) Then the host-driver scenario (its own two
-# containers), the other lab tests and the tests that install each profile's sglang on this machine.
+# containers), the other lab tests, the tests that install each profile's sglang on this machine, and the gateway
+# scenario (its own container, in front of two engine emulators that use the sglang the step before cached).
 lane-ct: venv
 	$(call ct_step,ct-destroy-old,$(MOLECULE) destroy -s pve_container)
 	$(call ct_step,ct-pytest,$(PYTEST) -m ct --junitxml=$(REPORTS)/ct-pytest.xml)
@@ -104,6 +105,8 @@ lane-ct: venv
 		$(MOLECULE) test -s nvidia_host_driver)
 	$(call ct_step,lab-pytest,$(PYTEST) -m 'lab and not stack and not ct and not host' --junitxml=$(REPORTS)/lab-pytest.xml)
 	$(call ct_step,sglang-pytest,$(PYTEST) -m 'sglang' -n 2 --dist loadfile --junitxml=$(REPORTS)/sglang-pytest.xml)
+	$(call ct_step,gateway-molecule,env GLM5_LAB=1 $(call ansible_junit,gateway-molecule) \
+		$(MOLECULE) test -s sglang_gateway)
 
 # Checks that change the lab host itself (a GPU device node moved away): run alone, after the lanes, on the
 # container-stage node, which is then destroyed.

@@ -92,7 +92,7 @@ def scenario_nodes(scenario):
         _SCENARIOS.append((folder, Inventory(folder.name)))
     inventory = _SCENARIOS[0][1]
     with open(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')) as fh:
-        names = yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts']
+        names = (yaml.safe_load(fh)['all']['children'].get('inference_nodes') or {}).get('hosts') or {}
     return {name: NodeVars(inventory.host_vars(name)) for name in names}
 
 

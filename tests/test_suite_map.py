@@ -9,9 +9,10 @@ import yaml
 from siterun import ROOT, scenario_nodes
 
 # Which lane runs each Molecule scenario's node (the Makefile's lane-stack and lane-ct).
-LANES = {'default': 'stack', 'pve_container': 'ct', 'nvidia_host_driver': 'ct'}
+LANES = {'default': 'stack', 'pve_container': 'ct', 'nvidia_host_driver': 'ct', 'sglang_gateway': 'ct'}
 # Containers the pytest tests of the container-stage lane make through the API themselves (besides the lane nodes).
-OWN_VMIDS = {'tests/test_site_validation.py': 'ct', 'tests/test_lab_reconciler.py': 'ct'}
+OWN_VMIDS = {'tests/test_site_validation.py': 'ct', 'tests/test_lab_reconciler.py': 'ct',
+             'molecule/sglang_gateway/inventory/hosts.yml': 'ct'}
 
 
 def load(path):
@@ -20,7 +21,7 @@ def load(path):
 
 
 def lab_defaults():
-    return load('inventories/lab/group_vars/inference_nodes.yml')
+    return dict(load('inventories/lab/group_vars/all.yml'), **load('inventories/lab/group_vars/inference_nodes.yml'))
 
 
 def lane_nodes():

@@ -1,0 +1,111 @@
+"""The fleet behind SGLang's model gateway: each node's worker URL and key, and what is wrong with the fleet's
+settings (checked before anything changes, each problem one line)."""
+from urllib.parse import urlsplit
+
+LOOPBACK = ('127.', 'localhost', '::1')
+
+
+def _get(hv, name, default):
+    try:
+        value = hv[name]
+    except KeyError:
+        return default
+    return default if value is None else value
+
+
+def sglang_fleet_workers(names, hostvars, service_defaults):
+    """Each node the gateway routes to, in order: {node, url, key, listen, known}.
+
+    The URL is the node's sglang_gateway_worker_url, else http://<ansible_host>:<sglang_service_port>; listen is
+    its sglang_service_host (what sglang binds). service_defaults: sglang_service's role defaults (a node whose
+    inventory sets no port has the role's)."""
+    workers = []
+    for name in names or []:
+        if name not in hostvars:
+            workers.append({'node': name, 'url': '', 'key': '', 'listen': '', 'known': False})
+            continue
+        hv = hostvars[name]
+        port = _get(hv, 'sglang_service_port', service_defaults.get('sglang_service_port'))
+        url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(_get(hv, 'ansible_host', name), port)
+        workers.append({'node': name, 'url': str(url).rstrip('/'), 'key': str(_get(hv, 'sglang_service_api_key', '')),
+                        'listen': str(_get(hv, 'sglang_service_host', service_defaults.get('sglang_service_host'))),
+                        'known': True})
+    return workers
+
+
+def _endpoint(url):
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == 'https' else 80)
+    except ValueError:
+        return None
+    return (parts.hostname or '').lower(), port
+
+
+def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, allow_single_node=False):
+    """What is wrong with a gateway's fleet: no nodes, a node named twice or unknown, two nodes at one URL or
+    address:port, a bad URL, a node sglang does not serve where the gateway looks, a missing or different key, a
+    rolling batch that takes every node down at once."""
+    problems = []
+    if not workers:
+        return ['the gateway {0} has no nodes behind it (sglang_gateway_nodes is empty): add inference nodes, or '
+                'remove the gateway from the inventory'.format(gateway)]
+    if not api_key:
+        problems.append('sglang_gateway_api_key is empty on {0}: set the key clients send (a vault variable)'.format(
+            gateway))
+    if not admin_key:
+        problems.append('sglang_gateway_admin_key is empty on {0}: set the control plane key (a vault variable); the '
+                        'rolling deploy and glm5 drain use it'.format(gateway))
+    names = [w['node'] for w in workers]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append('{0} is listed {1} times in sglang_gateway_nodes of {2}: list each node once'.format(
+            name, names.count(name), gateway))
+    seen_url, seen_end = {}, {}
+    for w in workers:
+        if not w['known']:
+            problems.append('sglang_gateway_nodes of {0} names {1}, which is not an inventory host'.format(
+                gateway, w['node']))
+            continue
+        if names.count(w['node']) > 1 and w['node'] in seen_url.values():
+            continue
+        end = _endpoint(w['url'])
+        if not w['url'].startswith(('http://', 'https://')) or end is None or not end[0]:
+            problems.append('{0}: worker URL {1!r} is not http(s)://host:port (sglang_gateway_worker_url)'.format(
+                w['node'], w['url']))
+            continue
+        if w['url'] in seen_url:
+            problems.append('{0} and {1} are both at {2}: each node needs its own worker URL (sglang_gateway_worker_url '
+                            'or sglang_service_port)'.format(seen_url[w['url']], w['node'], w['url']))
+        elif end in seen_end:
+            problems.append('{0} and {1} both listen at {2}:{3}: each node needs its own address or port '
+                            '(sglang_service_port)'.format(seen_end[end], w['node'], end[0], end[1]))
+        seen_url.setdefault(w['url'], w['node'])
+        seen_end.setdefault(end, w['node'])
+        if w['listen'].startswith(LOOPBACK) and not end[0].startswith(LOOPBACK):
+            problems.append('{0}: sglang listens on {1} only (sglang_service_host) but the gateway reaches it at {2}: '
+                            'set sglang_service_host to that address (or 0.0.0.0)'.format(
+                                w['node'], w['listen'], w['url']))
+        if not w['key']:
+            problems.append('{0} has no sglang_service_api_key: behind the gateway every node serves the gateway\'s '
+                            'key (smg forwards the client\'s key to the worker unchanged); set it to the same vault '
+                            'variable as sglang_gateway_api_key'.format(w['node']))
+        elif api_key and w['key'] != api_key:
+            problems.append('{0}\'s sglang_service_api_key is not {1}\'s sglang_gateway_api_key: smg forwards the '
+                            'client\'s key to the worker unchanged, so the node would refuse every request; use one '
+                            'variable for both'.format(w['node'], gateway))
+    distinct = len(set(names))
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        problems.append('glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got {0!r}'.format(
+            batch))
+    elif distinct == 1 and not allow_single_node:
+        problems.append('the gateway {0} has one node ({1}): a deploy that restarts it takes the service down; add a '
+                        'node, or set sglang_gateway_allow_single_node: true to accept that'.format(gateway, names[0]))
+    elif distinct > 1 and batch >= distinct:
+        problems.append('glm5_rolling_batch {0} restarts every node behind {1} at once (it has {2}): at most {3} keeps '
+                        'one serving'.format(batch, gateway, distinct, distinct - 1))
+    return problems
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems}

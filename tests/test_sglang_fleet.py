@@ -1,0 +1,101 @@
+"""The fleet behind the gateway: each node's worker URL and key from the inventory, and every bad fleet setting
+refused with one line naming what is wrong (sglang_fleet filters); the gateway's launch line checked by the real
+gateway's own parser (the sglang_gateway_args module, smg from PyPI)."""
+import sys
+
+import pytest
+import sglang_gateway_args
+from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers
+
+DEFAULTS = {'sglang_service_port': 30000, 'sglang_service_host': '127.0.0.1'}
+KEY = 'fleet-key'
+
+
+def hostvars(**nodes):
+    return {name: dict({'sglang_service_api_key': KEY, 'ansible_host': '127.0.0.1'}, **hv) for name, hv in nodes.items()}
+
+
+def workers(names, **nodes):
+    return sglang_fleet_workers(names, hostvars(**nodes), DEFAULTS)
+
+
+def problems(names, batch=1, api_key=KEY, admin_key='admin', single=False, **nodes):
+    return sglang_fleet_problems(workers(names, **nodes), 'gw', api_key, admin_key, batch, single)
+
+
+def test_each_node_is_a_worker_at_its_own_url():
+    got = workers(['a', 'b'], a={'sglang_service_port': 30120},
+                  b={'sglang_gateway_worker_url': 'http://10.0.0.2:30000/', 'sglang_service_host': '0.0.0.0'})
+    assert got == [
+        {'node': 'a', 'url': 'http://127.0.0.1:30120', 'key': KEY, 'listen': '127.0.0.1', 'known': True},
+        {'node': 'b', 'url': 'http://10.0.0.2:30000', 'key': KEY, 'listen': '0.0.0.0', 'known': True}]
+    assert problems(['a', 'b'], a={'sglang_service_port': 30120}, b={'sglang_service_port': 30121}) == []
+
+
+@pytest.mark.parametrize('names, nodes, kwargs, words', [
+    ([], {}, {}, 'the gateway gw has no nodes behind it (sglang_gateway_nodes is empty)'),
+    (['a', 'a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {},
+     'a is listed 2 times in sglang_gateway_nodes of gw: list each node once'),
+    (['a', 'c'], {'a': {}}, {'batch': 1, 'single': True}, 'sglang_gateway_nodes of gw names c, which is not an inventory host'),
+    (['a', 'b'], {'a': {}, 'b': {}}, {}, 'a and b are both at http://127.0.0.1:30000: each node needs its own worker URL'),
+    (['a', 'b'], {'a': {'sglang_gateway_worker_url': 'http://LOCALHOST:80'}, 'b': {'sglang_gateway_worker_url': 'http://localhost'}},
+     {}, 'a and b both listen at localhost:80: each node needs its own address or port'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_gateway_worker_url': 'grpc://x:1'}}, {},
+     "b: worker URL 'grpc://x:1' is not http(s)://host:port"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2, 'sglang_service_api_key': ''}}, {},
+     "b has no sglang_service_api_key: behind the gateway every node serves the gateway's key"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2, 'sglang_service_api_key': 'own'}}, {},
+     "b's sglang_service_api_key is not gw's sglang_gateway_api_key"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'api_key': ''},
+     'sglang_gateway_api_key is empty on gw'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'admin_key': ''},
+     'sglang_gateway_admin_key is empty on gw'),
+    (['a', 'b'], {'a': {'ansible_host': '10.0.0.1'}, 'b': {'sglang_service_port': 2}}, {},
+     'a: sglang listens on 127.0.0.1 only (sglang_service_host) but the gateway reaches it at http://10.0.0.1:30000'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': 2},
+     'glm5_rolling_batch 2 restarts every node behind gw at once (it has 2): at most 1 keeps one serving'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': '1'},
+     "glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got '1'"),
+    (['a'], {'a': {}}, {}, 'the gateway gw has one node (a): a deploy that restarts it takes the service down'),
+])
+def test_bad_fleet_settings_are_one_line_each(names, nodes, kwargs, words):
+    found = problems(names, **dict(kwargs), **nodes)
+    assert any(p.startswith(words) for p in found), found
+    assert all(KEY not in p for p in found), found   # names, never a key's value
+
+
+def test_one_node_is_accepted_when_said():
+    assert problems(['a'], single=True, a={}) == []
+
+
+PY = sys.executable   # the test venv has smg (requirements-lab.txt)
+
+
+def test_the_gateways_parser_accepts_the_roles_line():
+    ok, result = sglang_gateway_args.check(PY, [
+        '--host', '127.0.0.1', '--port', '30130', '--worker-urls', 'http://127.0.0.1:30120', 'http://127.0.0.1:30121',
+        '--policy', 'power_of_two', '--power-of-two-load-metric', 'requests', '--health-check-endpoint', '/health',
+        '--retry-max-retries', '3', '--cb-failure-threshold', '5', '--disable-tokenizer-autoload',
+        '--api-key=placeholder', '--control-plane-api-keys=glm5:glm5-ops:admin:placeholder'])
+    assert ok, result
+    assert result['smg_version'] == '1.13.0'
+    assert result['args']['policy'] == 'power_of_two' and result['args']['port'] == 30130
+    assert result['args']['worker_urls'] == ['http://127.0.0.1:30120', 'http://127.0.0.1:30121']
+    assert 'placeholder' not in str(result)
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--policy', 'fastest'], "argument --policy: invalid choice: 'fastest'"),
+    (['--no-such-flag'], 'unrecognized arguments: --no-such-flag'),
+    (['--control-plane-api-keys', 'only-a-key'], "Invalid control-plane API key entry: expected 'id:name:role:key'"),
+    (['--port', 'eighty'], "argument --port: invalid int value: 'eighty'"),
+])
+def test_the_gateways_parser_refuses_with_its_own_words(argv, words):
+    ok, result = sglang_gateway_args.check(PY, argv)
+    assert not ok
+    assert words in result['parser_message'], result
+
+
+def test_no_gateway_environment_is_said():
+    ok, result = sglang_gateway_args.check('/nonexistent/bin/python', ['--port', '1'])
+    assert not ok and 'is the gateway environment installed' in result['parser_message']
