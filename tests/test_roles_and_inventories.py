@@ -44,11 +44,16 @@ def inventory(name, *extra):
     return json.loads(out.stdout)
 
 
-def test_lab_inventory_has_a_pve_host_and_a_node_with_a_vmid():
+def test_lab_inventory_has_a_pve_host_two_nodes_and_a_gateway():
     inv = inventory('lab')
     assert inv['pve_hosts']['hosts'] == ['pve-lab']
-    assert inv['inference_nodes']['hosts'] == ['glm5-lab']
-    assert inv['_meta']['hostvars']['glm5-lab']['pve_container_vmid'] == 120
+    assert inv['inference_nodes']['hosts'] == ['glm5-lab', 'glm5-lab2']
+    assert inv['gateways']['hosts'] == ['glm5-gw']
+    hv = inv['_meta']['hostvars']
+    assert [hv[h]['pve_container_vmid'] for h in ('glm5-lab', 'glm5-lab2', 'glm5-gw')] == [120, 121, 130]
+    # the nodes split the lab's eight stand-in GPUs; the gateway has none, said so
+    assert hv['glm5-lab']['pve_container_gpus'] == [0, 1, 2, 3] and hv['glm5-lab2']['pve_container_gpus'] == [4, 5, 6, 7]
+    assert hv['glm5-gw']['pve_container_gpus'] == 'none'
 
 
 def test_production_example_decrypts_with_the_documented_password(tmp_path):

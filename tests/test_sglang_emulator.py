@@ -1,7 +1,10 @@
 """The lab's engine emulator (scripts/lab/sglang_emulator.py) run with the seed-validated profile's real sglang (its
 parser, its bench_serving) and the lab's stand-in model: argv refused as sglang refuses it, the API key, the
-answers the smoke test's probe asks for, streaming with usage, /generate, the fault switches, and a short run of the
-real sglang.bench_serving against it. Pacing is measured by scripts, not timed here."""
+answers the smoke test's probe asks for, streaming with usage, /generate, the load endpoints (/v1/loads, /get_load),
+the fault switches, and a short run of the real sglang.bench_serving against it. Pacing is measured by scripts, not
+timed here."""
+import concurrent.futures
+import datetime
 import json
 import os
 import socket
@@ -179,6 +182,60 @@ def test_stream_with_ignore_eos_gives_exactly_max_tokens_and_usage(engine):
 def test_generate(engine):
     out = engine.post('/generate', {'text': 'What is 6 * 7?', 'sampling_params': {'max_new_tokens': 8}}).json()
     assert out['text'].strip() == '42' and out['meta_info']['completion_tokens'] == 1
+
+
+def loads(engine, path='/v1/loads'):
+    r = requests.get(engine.url + path, headers={'Authorization': 'Bearer ' + KEY}, timeout=5)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+CORE = {'dp_rank', 'num_running_reqs', 'num_waiting_reqs', 'num_used_tokens', 'num_total_tokens', 'max_total_num_tokens',
+        'token_usage', 'gen_throughput', 'cache_hit_rate', 'utilization', 'max_running_requests', 'num_total_reqs'}
+
+
+def test_loads_need_the_key_and_have_sglangs_shape(engine):
+    for path in ('/v1/loads', '/get_load'):
+        assert requests.get(engine.url + path, timeout=5).status_code == 401
+        assert requests.get(engine.url + path, headers={'Authorization': 'Bearer wrong'}, timeout=5).status_code == 401
+    out = loads(engine)
+    assert set(out) == {'timestamp', 'version', 'dp_rank_count', 'loads', 'aggregate'}
+    assert out['version'] == '0.5.12.post1' and out['dp_rank_count'] == 1
+    assert datetime.datetime.fromisoformat(out['timestamp']).utcoffset() == datetime.timedelta(0)
+    (rank,) = out['loads']
+    assert set(rank) == CORE and rank['dp_rank'] == 0 and rank['max_running_requests'] == 64
+    assert rank['num_total_reqs'] == rank['num_used_tokens'] == rank['gen_throughput'] == 0
+    assert out['aggregate'] == {'total_running_reqs': 0, 'total_waiting_reqs': 0, 'total_reqs': 0, 'total_used_tokens': 0,
+                                'total_tokens': 0, 'avg_token_usage': 0.0, 'avg_throughput': 0.0, 'avg_utilization': 0.0}
+    (legacy,) = loads(engine, '/get_load')
+    assert set(legacy) == {'dp_rank', 'num_reqs', 'num_waiting_reqs', 'num_tokens', 'num_pending_tokens', 'ts_tic'}
+    assert legacy['num_reqs'] == legacy['num_tokens'] == 0
+
+
+@pytest.mark.engine(faults='slow=4', extra=['--max-running-requests', '2'])
+def test_loads_count_the_requests_in_flight(special):
+    """Five requests on an engine that runs two at a time: two running, three waiting, then none."""
+    body = {'model': 'glm-5', 'prompt': 'the city of water', 'max_tokens': 4, 'ignore_eos': True}
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        flying = [pool.submit(special.post, '/v1/completions', body) for _ in range(5)]
+        deadline, seen = time.time() + 30, None
+        while time.time() < deadline and not all(f.done() for f in flying):
+            out = loads(special)
+            (rank,) = out['loads']
+            seen = rank['num_running_reqs'], rank['num_waiting_reqs']
+            if seen == (2, 3):
+                break
+            time.sleep(0.05)
+        assert seen == (2, 3), seen
+        assert rank['num_total_reqs'] == 5 and rank['max_running_requests'] == 2 and rank['num_used_tokens'] >= 8
+        assert rank['num_total_tokens'] > rank['num_used_tokens'] and rank['gen_throughput'] > 0
+        agg = out['aggregate']
+        assert (agg['total_running_reqs'], agg['total_waiting_reqs'], agg['total_reqs']) == (2, 3, 5)
+        (legacy,) = loads(special, '/get_load')
+        assert legacy['num_reqs'] == 5 and legacy['num_waiting_reqs'] == 3 and legacy['num_pending_tokens'] > 0
+        assert all(f.result().status_code == 200 for f in flying)
+    (rank,) = loads(special)['loads']
+    assert rank['num_running_reqs'] == rank['num_waiting_reqs'] == rank['num_total_reqs'] == rank['num_used_tokens'] == 0
 
 
 @pytest.mark.engine(faults='nan')

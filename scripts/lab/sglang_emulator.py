@@ -13,8 +13,9 @@ sglang refuses makes the emulator exit 2 with argparse's message, as sglang woul
 
 Endpoints: /health, /health_generate, /server_info (/get_server_info), /model_info (/get_model_info), /v1/models,
 /v1/completions and /v1/chat/completions (streaming SSE, usage, reasoning_content, logprobs when not streaming),
-/generate. Every other path
-but /health* and /metrics needs `Authorization: Bearer <api key>` when --api-key is set (401 otherwise), as sglang.
+/generate, /v1/loads (sglang's JSON, core fields as for include=core: running and waiting requests exact, tokens from
+the prompts and outputs, throughput from the pace) and the legacy /get_load. Every other path but /health* and
+/metrics needs `Authorization: Bearer <api key>` when --api-key is set (401 otherwise), as sglang.
 
 Pacing: a batch loop like sglang's scheduler: each step gives every running request one token; a step takes
 step_seconds(batch), interpolated in log(batch) through points calibrated to the seeds' measured table (single
@@ -39,6 +40,7 @@ scales its baseline up and its latency limits down by exactly F. The lab invento
 """
 import argparse
 import asyncio
+import datetime
 import json
 import math
 import os
@@ -431,6 +433,40 @@ def build_app(args, engine):
             pass
         return web.json_response({'text': engine.decode(req.out), 'meta_info': meta()})
 
+    def load():
+        """One DP rank's core fields of sglang's GetLoadsReqOutput, as its scheduler's get_loads fills them."""
+        running, waiting = len(engine.running), len(engine.waiting)
+        used = sum(r.prompt_tokens + len(r.out) for r in engine.running)
+        capacity = getattr(args, 'max_total_tokens', None) or 1048576      # sglang sizes its KV pool from free memory
+        step = step_seconds(running) * float(engine.faults.get('slow') or 1.0) / engine.speed
+        return {'dp_rank': 0, 'num_running_reqs': running, 'num_waiting_reqs': waiting, 'num_used_tokens': used,
+                'num_total_tokens': used + sum(r.prompt_tokens for r in engine.waiting), 'max_total_num_tokens': capacity,
+                'token_usage': round(used / capacity, 4), 'gen_throughput': round(running / step, 2) if running else 0.0,
+                'cache_hit_rate': 0.0, 'utilization': 0.0, 'max_running_requests': engine.max_running}
+
+    async def v1_loads(request):
+        # sglang's v1_loads.py: the per-rank timestamp is left out of the JSON; the aggregate as _compute_aggregate
+        loads = [dict(d, num_total_reqs=d['num_running_reqs'] + d['num_waiting_reqs']) for d in [load()]]
+        n = len(loads) or 1
+
+        def total(key):
+            return sum(d[key] for d in loads)
+        aggregate = {'total_running_reqs': total('num_running_reqs'), 'total_waiting_reqs': total('num_waiting_reqs'),
+                     'total_reqs': total('num_total_reqs'), 'total_used_tokens': total('num_used_tokens'),
+                     'total_tokens': total('num_total_tokens'), 'avg_token_usage': round(total('token_usage') / n, 4),
+                     'avg_throughput': round(total('gen_throughput') / n, 2),
+                     'avg_utilization': round(total('utilization') / n, 4)}
+        return web.json_response({'timestamp': datetime.datetime.now(datetime.UTC).isoformat(),
+                                  'version': importlib.metadata.version('sglang'), 'dp_rank_count': len(loads),
+                                  'loads': loads, 'aggregate': aggregate})
+
+    async def get_load(request):
+        d = load()
+        return web.json_response([{'dp_rank': d['dp_rank'], 'num_reqs': d['num_running_reqs'] + d['num_waiting_reqs'],
+                                   'num_waiting_reqs': d['num_waiting_reqs'], 'num_tokens': d['num_total_tokens'],
+                                   'num_pending_tokens': d['num_total_tokens'] - d['num_used_tokens'],
+                                   'ts_tic': time.perf_counter()}])
+
     app = web.Application(middlewares=[auth], client_max_size=64 * 1024 ** 2)
     app.router.add_get('/health', health)
     app.router.add_get('/health_generate', health_generate)
@@ -442,6 +478,8 @@ def build_app(args, engine):
     app.router.add_post('/v1/completions', completions)
     app.router.add_post('/v1/chat/completions', chat)
     app.router.add_post('/generate', generate)
+    app.router.add_get('/v1/loads', v1_loads)
+    app.router.add_get('/get_load', get_load)
     return app
 
 
