@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """glm5: day-2 operations on the GLM-5 inference node(s) of an Ansible inventory, over SSH (Fabric).
 
-    glm5 status                   one screen per node; exit 1 when anything is wrong (for cron and monitors)
+    glm5 status                   one screen per node, below the gateway's section when the inventory has a gateway;
+                                  exit 1 when anything is wrong (for cron and monitors)
     glm5 gpus [--watch]           the per-GPU table (utilisation, power / limit, memory, temperature, clocks)
     glm5 logs [-f] [--since T]    the SGLang unit's journal
     glm5 bench [--levels 1,64] [--lengths 256/128]
@@ -10,12 +11,30 @@
     glm5 history                  the node's runs in the bench history
     glm5 compare [RUN [RUN]]      two runs side by side (table + plot), the last two by default
     glm5 restart                  graceful: the unit drains and stops, starts, and /health_generate answers
+    glm5 fleet [-g GATEWAY]       the gateway's view: a row per node (worker URL, healthy, status, requests in flight
+                                  through the gateway, circuit breaker, drained by an operator), nodes it does not
+                                  route to marked out; exit 1 when a node that is not drained is out or unhealthy
+    glm5 drain NODE [--timeout S] take NODE out of every gateway in front of it and mark it drained there (a deploy
+                                  leaves it out, a gateway restart takes it out again), then wait until its own
+                                  in-flight requests are done (default: sglang_gateway_drain_timeout, 900 s); exit 1
+                                  when they are not (it stays drained). Draining a drained node says so.
+    glm5 undrain NODE [--timeout S]
+                                  no longer drained, back into every gateway in front of it (with the node's key, read
+                                  on the node), and healthy there (default: sglang_gateway_join_timeout, 120 s)
 
 Every subcommand takes -i INVENTORY (default: the lab, inventories/lab), -n NODE (an inference_nodes host; needed
 when the inventory has several and the subcommand acts on one) and --json. Hosts, ports, keys, paths and the PVE
 API come from the inventory through Ansible's own inventory and variable code (role defaults under it, templates
 rendered), never from a second copy. Bad input and unreachable nodes give one line on stderr and a non-zero exit:
-2 for bad input, 1 for a node that is unhealthy, unreachable or failed.
+2 for bad input (an inventory without a gateway for fleet, drain and undrain), 1 for a node that is unhealthy,
+unreachable or failed.
+
+The gateway (a host of the inventory's gateways group, sglang_gateway's contract) is asked from inside its own
+container over SSH, as the nodes are: its control plane at the contract's url with the key from its unit's
+environment file, read there; a node's worker URL is the one the role computes (the sglang_fleet_workers filter);
+the drained list is the contract's drained_file there. No key is ever printed, in --json or on a remote command line.
+glm5 status --json holds the gateway's section under "gateway" (a list of sections when the inventory has several
+gateways and -g picks none).
 """
 from __future__ import annotations
 
@@ -80,7 +99,8 @@ def parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog='\n'.join(__doc__.splitlines()[2:]))
     sub = p.add_subparsers(dest='command', metavar='COMMAND', required=True)
-    sub.add_parser('status', parents=[common], help='one screen per node; exit 1 when anything is wrong')
+    st = sub.add_parser('status', parents=[common], help='one screen per node (and gateway); exit 1 when anything is wrong')
+    st.add_argument('-g', '--gateway', help='the gateway whose section is shown (default: every gateway)')
     g = sub.add_parser('gpus', parents=[common], help='the per-GPU table')
     g.add_argument('--watch', action='store_true', help='refresh until Ctrl-C')
     g.add_argument('--interval', type=_number(float, 0.1, '--interval'), default=2.0,
@@ -101,6 +121,14 @@ def parser():
     c.add_argument('--out', help='where the plot goes (default: ./glm5-compare-A-vs-B.png)')
     r = sub.add_parser('restart', parents=[common], help='graceful restart: drain, stop, start, ready')
     r.add_argument('--timeout', type=int, help='seconds to wait for readiness (default: sglang_service_ready_timeout)')
+    f = sub.add_parser('fleet', parents=[common], help="the gateway's view of the nodes")
+    f.add_argument('-g', '--gateway', help='a host of gateways (default: the only one)')
+    for what, default, text in (('drain', 'sglang_gateway_drain_timeout', 'out of the gateways, in-flight requests done'),
+                                ('undrain', 'sglang_gateway_join_timeout', 'back into the gateways, healthy there')):
+        d = sub.add_parser(what, parents=[common], help=text)
+        d.add_argument('target', nargs='?', metavar='NODE', help='the inference node (or -n NODE)')
+        d.add_argument('--timeout', type=_number(int, 1, '--timeout'),
+                       help='seconds to wait (default: {0})'.format(default))
     return p
 
 

@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 
+from glm5 import fleet
 from glm5.errors import OpsError, UsageError
 from glm5.node import Node
 from glm5.progress import Progress
@@ -17,6 +18,14 @@ from glm5.status import node_status
 
 
 def cmd_status(args, inv):
+    # the gateway's section first, when the inventory has one (-g: that one; else every gateway)
+    gws = fleet.gateways(inv, args.gateway, every=True) if inv.gateways() or args.gateway else []
+    sections = []
+    for gw in gws:
+        try:
+            sections.append(fleet.gateway_status(gw))
+        finally:
+            gw.close()
     results = []
     for name in inv.select(args.node):
         node = Node(inv, name)
@@ -24,11 +33,71 @@ def cmd_status(args, inv):
             results.append(node_status(node))
         finally:
             node.close()
+    bad = any(r['problems'] for r in results + sections)
     if args.json:
-        print(json.dumps({'healthy': not any(r['problems'] for r in results), 'nodes': results}, indent=1))
+        doc = {'healthy': not bad}
+        if sections:
+            doc['gateway'] = sections[0] if len(sections) == 1 else sections
+        doc['nodes'] = results
+        print(json.dumps(doc, indent=1))
     else:
-        print('\n\n'.join(status_text(r) for r in results))
-    return 1 if any(r['problems'] for r in results) else 0
+        print('\n\n'.join([fleet.gateway_text(s) for s in sections] + [status_text(r) for r in results]))
+    return 1 if bad else 0
+
+
+def cmd_fleet(args, inv):
+    gw = fleet.gateways(inv, args.gateway)[0]
+    try:
+        view = gw.view()
+    finally:
+        gw.close()
+    print(json.dumps(view, indent=1) if args.json else fleet.fleet_text(view))
+    return 1 if view['problems'] else 0
+
+
+def _fleet_node(args, inv, what):
+    name = args.target or args.node
+    if not name:
+        raise UsageError('{0} needs the node: glm5 {0} NODE (one of {1})'.format(what, ', '.join(inv.nodes())))
+    gws = fleet.in_front(inv, name)             # an inference node (else exit 2) behind a gateway
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else (lambda text: print(text, flush=True))
+    return Node(inv, name), gws, say
+
+
+def _gateway_timeout(args, gws, var, default):
+    return args.timeout or max(int(g.hv.get(var) or default) for g in gws)
+
+
+def cmd_drain(args, inv):
+    node, gws, say = _fleet_node(args, inv, 'drain')
+    timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout', 900)
+    try:
+        res = fleet.drain(gws, node, timeout, say)
+    finally:
+        node.close()
+        for gw in gws:
+            gw.close()
+    if args.json:
+        print(json.dumps(res, indent=1))
+    if not res['drained']:
+        raise OpsError(fleet.drain_error(res, node, timeout))
+    return 0
+
+
+def cmd_undrain(args, inv):
+    node, gws, say = _fleet_node(args, inv, 'undrain')
+    timeout = _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120)
+    try:
+        res = fleet.undrain(gws, node, timeout, say)
+    finally:
+        node.close()
+        for gw in gws:
+            gw.close()
+    if args.json:
+        print(json.dumps(res, indent=1))
+    if not res['healthy']:
+        raise OpsError(fleet.undrain_error(res, node, timeout))
+    return 0
 
 
 def cmd_gpus(args, inv):
@@ -272,4 +341,4 @@ def cmd_restart(args, inv):
 
 
 COMMANDS = {'status': cmd_status, 'gpus': cmd_gpus, 'logs': cmd_logs, 'bench': cmd_bench, 'history': cmd_history,
-            'compare': cmd_compare, 'restart': cmd_restart}
+            'compare': cmd_compare, 'restart': cmd_restart, 'fleet': cmd_fleet, 'drain': cmd_drain, 'undrain': cmd_undrain}

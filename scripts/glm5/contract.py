@@ -1,5 +1,6 @@
-"""What glm5 relies on in the node that no role variable states (the node's contract itself is sglang_service's
-sglang_service_contract, read through glm5.inventory: Inventory.contract)."""
+"""What glm5 relies on in the node and the gateway that no role variable states (their contracts themselves are
+sglang_service's sglang_service_contract and sglang_gateway's sglang_gateway_contract, read through glm5.inventory:
+Inventory.contract)."""
 from __future__ import annotations
 
 # The engine's lock holder, as sglang_service's tasks/lock.yml writes it into the lock unit's description (vars/main.yml:
@@ -8,3 +9,6 @@ LOCK_DESCRIPTION = '{what} from {user}@{host} pid {pid} since {since}'
 # The SGLang environment's manifest (version, profile, patches), next to the venv's bin/ (the unit's python): written
 # by sglang_env
 MANIFEST = 'glm5-manifest.json'
+# The gateway's control plane key in its environment file (sglang_gateway's templates/smg.env.j2): glm5 reads it there,
+# in the gateway's container, for each request it makes to the control plane
+GATEWAY_ADMIN_KEY_VAR = 'SMG_ADMIN_KEY'

@@ -1,5 +1,5 @@
-"""The inventory, read by Ansible's own inventory, variable and template code: the inference nodes, and each host's
-variables (role defaults under them, templates rendered), never a second copy."""
+"""The inventory, read by Ansible's own inventory, variable and template code: the inference nodes, the gateways, and
+each host's variables (role defaults under them, templates rendered), never a second copy."""
 from __future__ import annotations
 
 import functools
@@ -10,10 +10,13 @@ from glm5.project import ANSIBLE_CFG, ROOT, use_module_utils
 
 DEFAULT_INVENTORY = os.path.join(ROOT, 'inventories', 'lab')
 # Role defaults the command reads (under the inventory, as Ansible puts them).
-ROLE_DEFAULTS = ('pve_container', 'gpu_preflight', 'sglang_service', 'sglang_smoke')
+ROLE_DEFAULTS = ('pve_container', 'gpu_preflight', 'sglang_service', 'sglang_smoke', 'sglang_gateway')
 # The node's contract (unit, environment file, rollback pair, readiness, key, lock): defined once, by sglang_service
 CONTRACT = (os.path.join('roles', 'sglang_service', 'vars', 'main.yml'), 'sglang_service_contract')
+# The gateway's (unit, environment file, control plane URL, metrics, drained list, nodes): by sglang_gateway
+GATEWAY_CONTRACT = (os.path.join('roles', 'sglang_gateway', 'vars', 'main.yml'), 'sglang_gateway_contract')
 GROUP = 'inference_nodes'
+GATEWAYS = 'gateways'
 
 
 @functools.cache
@@ -64,19 +67,23 @@ class Inventory(object):
             self.defaults.update(self.loader.load_from_file(os.path.join(ROOT, 'roles', role, 'defaults', 'main.yml'),
                                                             trusted_as_template=True) or {})
 
-    def contract(self, name, hostvars=None):
+    def contract(self, name, hostvars=None, which=CONTRACT):
         """The node's contract as the roles see it: sglang_service's sglang_service_contract, rendered with the node's
         variables (hostvars: its HostVars, when the caller has them) -> {service, unit, env_file, previous_suffix,
-        failed_suffix, passed_file, url, ready_path, key_file, lock_unit}."""
-        path, var = CONTRACT
+        failed_suffix, passed_file, url, ready_path, key_file, lock_unit}. which=GATEWAY_CONTRACT: a gateway's,
+        sglang_gateway_contract -> {service, unit, env_file, url, metrics_url, ready_path, drained_file, nodes}."""
+        path, var = which
         raw = (self.loader.load_from_file(os.path.join(ROOT, path), trusted_as_template=True) or {}).get(var)
         if not isinstance(raw, dict):
             raise OpsError('{0} defines no {1}: this checkout is broken'.format(path, var))
         return (hostvars or self.host_vars(name)).render(var, raw)
 
-    def nodes(self):
-        group = self.inv.groups.get(GROUP)
+    def nodes(self, group=GROUP):
+        group = self.inv.groups.get(group)
         return [h.name for h in group.get_hosts()] if group else []
+
+    def gateways(self):
+        return self.nodes(GATEWAYS)
 
     def host_vars(self, name):
         from ansible.template import Templar

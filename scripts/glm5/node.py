@@ -100,17 +100,7 @@ class Node(object):
             raise OpsError('{0}: {1} cannot be read: {2}'.format(self.name, self.unit, exc)) from None
 
     def unit_state(self):
-        r = self.ssh.run('systemctl show {0} --timestamp=unix -p LoadState,ActiveState,SubState,Result,NRestarts,'
-                         'ActiveEnterTimestamp,InactiveEnterTimestamp; date +%s'.format(shlex.quote(self.service)))
-        props = dict(line.split('=', 1) for line in r.stdout.splitlines() if '=' in line)
-        now = int(r.stdout.split()[-1]) if r.stdout.split() and r.stdout.split()[-1].isdigit() else None
-        since = props.get('ActiveEnterTimestamp', '').lstrip('@')
-        active = props.get('ActiveState') == 'active'
-        return {'name': self.service, 'load': props.get('LoadState'), 'active': props.get('ActiveState'),
-                'sub': props.get('SubState'), 'result': props.get('Result'),
-                'restarts': int(props['NRestarts']) if props.get('NRestarts', '').isdigit() else None,
-                'since': iso(int(since)) if active and since.isdigit() else None,
-                'uptime_s': (now - int(since)) if active and since.isdigit() and now else None}
+        return unit_state(self.ssh, self.service)
 
     def health(self, base_url):
         url = base_url + self.contract['ready_path']
@@ -240,3 +230,18 @@ class Node(object):
     def run_folders(self):
         r = self.pve_host.run('ls -1 {0}'.format(shlex.quote(self.history_path())))
         return set(x for x in r.stdout.split() if x.endswith('-' + self.name)) if r.ok else set()
+
+
+def unit_state(shell, service):
+    """A systemd unit's state in a container (a node's engine, a gateway)."""
+    r = shell.run('systemctl show {0} --timestamp=unix -p LoadState,ActiveState,SubState,Result,NRestarts,'
+                  'ActiveEnterTimestamp,InactiveEnterTimestamp; date +%s'.format(shlex.quote(service)))
+    props = dict(line.split('=', 1) for line in r.stdout.splitlines() if '=' in line)
+    now = int(r.stdout.split()[-1]) if r.stdout.split() and r.stdout.split()[-1].isdigit() else None
+    since = props.get('ActiveEnterTimestamp', '').lstrip('@')
+    active = props.get('ActiveState') == 'active'
+    return {'name': service, 'load': props.get('LoadState'), 'active': props.get('ActiveState'),
+            'sub': props.get('SubState'), 'result': props.get('Result'),
+            'restarts': int(props['NRestarts']) if props.get('NRestarts', '').isdigit() else None,
+            'since': iso(int(since)) if active and since.isdigit() else None,
+            'uptime_s': (now - int(since)) if active and since.isdigit() and now else None}

@@ -5,6 +5,7 @@ import getpass
 import os
 import re
 import subprocess
+import time
 
 from glm5.errors import OpsError
 
@@ -23,12 +24,12 @@ class Local(object):
     def __init__(self, hv):
         self.hv, self.name, self.where = hv, hv.name, 'local'
 
-    def run(self, cmd, timeout=60):
+    def run(self, cmd, timeout=60, stdin=None):
         # subprocess, not invoke's run: invoke forwards a Ctrl-C to the command and waits for it, where glm5 bench's
         # wait (its progress reads the PVE host) must end on it
         try:
             p = subprocess.run(['/bin/sh', '-c', cmd], capture_output=True, encoding='utf-8', errors='replace',
-                               timeout=timeout)
+                               timeout=timeout, input=stdin)
         except subprocess.TimeoutExpired:
             return Result('', 'timed out after {0} s'.format(timeout), 124)
         return Result(p.stdout, p.stderr, p.returncode)
@@ -81,9 +82,12 @@ class Ssh(object):
             raise OpsError('{0}: cannot reach {1} over SSH: {2}'.format(self.name, self.where, why)) from None
         self._opened = True
 
-    def run(self, cmd, timeout=60, stream=False, pty=False):
-        """pty: a terminal on the far side, so that Ctrl-C here reaches the command there (journalctl -f)."""
+    def run(self, cmd, timeout=60, stream=False, pty=False, stdin=None):
+        """pty: a terminal on the far side, so that Ctrl-C here reaches the command there (journalctl -f). stdin: text
+        for the command's standard input (a secret goes there, never into cmd: the far side's ps shows cmd)."""
         self.open()
+        if stdin is not None:
+            return self._run_stdin(cmd, stdin, timeout)
         try:
             # stream: True shows stdout and stderr as they come, 'out' only stdout (stderr is kept for the error line)
             hide = 'err' if stream == 'out' else not stream
@@ -93,6 +97,33 @@ class Ssh(object):
                 return Result('', 'timed out after {0} s'.format(timeout), 124)
             raise OpsError('{0}: SSH to {1} failed: {2}'.format(self.name, self.where, exc)) from None
         return Result(r.stdout, r.stderr, r.exited)
+
+    def _run_stdin(self, cmd, stdin, timeout):
+        """cmd with stdin on its standard input, on a channel of paramiko's own (invoke copies a stream to the far
+        side a byte every 10 ms)."""
+        out, err, chan = [], [], None
+        deadline = time.monotonic() + (timeout or float('inf'))
+        try:
+            chan = self.conn.client.get_transport().open_session(timeout=10)
+            chan.exec_command(cmd)
+            chan.sendall(stdin.encode())
+            chan.shutdown_write()
+            while not chan.exit_status_ready() or chan.recv_ready() or chan.recv_stderr_ready():
+                if time.monotonic() > deadline:
+                    return Result('', 'timed out after {0} s'.format(timeout), 124)
+                if chan.recv_ready():
+                    out.append(chan.recv(65536))
+                elif chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(65536))
+                else:
+                    time.sleep(0.005)
+            code = chan.recv_exit_status()
+        except Exception as exc:  # paramiko's errors: the node, not bad input
+            raise OpsError('{0}: SSH to {1} failed: {2}'.format(self.name, self.where, exc)) from None
+        finally:
+            if chan is not None:
+                chan.close()
+        return Result(b''.join(out).decode('utf-8', 'replace'), b''.join(err).decode('utf-8', 'replace'), code)
 
     def close(self):
         self.conn.close()
