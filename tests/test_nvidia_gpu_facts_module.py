@@ -68,3 +68,17 @@ def test_the_standin_reports_the_installed_version(capsys, roots, monkeypatch):
     monkeypatch.setenv('GLM5_NVIDIA_VERSION', '590.44.01')
     f = run_module(capsys, nvidia_smi=STANDIN, **roots)['nvidia_gpu']
     assert f['driver_version'] == '590.44.01' and {g['driver_version'] for g in f['gpus']} == {'590.44.01'}
+
+
+def test_the_standin_in_a_container_sees_only_its_gpus(capsys, roots, monkeypatch, tmp_path):
+    """A lab node given GPUs 4-7 of the eight sees four, numbered 0-3, their minors kept (as nvidia-smi in a
+    container shows what it may open): glm5 status and the smoke test count what the node has."""
+    dev = tmp_path / 'dev'
+    dev.mkdir()
+    for name in ('nvidia4', 'nvidia5', 'nvidia6', 'nvidia7', 'nvidiactl', 'nvidia-uvm'):
+        (dev / name).touch()
+    monkeypatch.setenv('GLM5_NVIDIA_DEV_DIR', str(dev))
+    f = run_module(capsys, nvidia_smi=STANDIN, **roots)['nvidia_gpu']
+    assert f['error'] is None and f['count'] == 4
+    assert [g['minor'] for g in f['gpus']] == [4, 5, 6, 7]
+    assert [g['index'] for g in f['gpus']] == [0, 1, 2, 3]
