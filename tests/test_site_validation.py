@@ -51,16 +51,27 @@ def free_port():
      'the PVE API at https://127.0.0.1:8006 refused the login (user or password not accepted): check '
      'pve_container_api_user / pve_container_api_password'),
 ])
-def test_bad_input_fails_before_any_change(lab_api, extra, words):
+def test_bad_input_fails_before_any_change(lab_api, tmp_path, extra, words):
     if extra.get('pve_container_api_port') == 'FREE':
         port = free_port()
         extra, words = dict(extra, pve_container_api_port=port), words.replace('FREE', str(port))
     before = snapshot(lab_api, WATCHED)
-    run = site(dict(VMID, **extra))
+    run = site(dict(VMID, **extra), inventory=one_node(tmp_path))
     assert run.rc != 0, run
     assert words in run.out, run
     assert 'Finalization of task args' not in run.out and 'HTTPSConnectionPool' not in run.out, run
     assert snapshot(lab_api, WATCHED) == before
+
+
+def one_node(tmp_path):
+    """The lab inventory's first node alone (extra variables apply to every host: with the lab's two nodes and
+    gateway they would share the vmid and port under test, which the fleet's checks refuse first)."""
+    import yaml
+    hosts = {'all': {'children': {'pve_hosts': {'hosts': {'pve-lab': None}},
+                                  'inference_nodes': {'hosts': {'glm5-lab': {'pve_container_vmid': 120}}}}}}
+    (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(hosts))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(tmp_path / 'group_vars'))
+    return str(tmp_path)
 
 
 def two_nodes(tmp_path, b):
