@@ -64,11 +64,11 @@ def test_bad_input_fails_before_any_change(lab_api, tmp_path, extra, words):
 
 
 def one_node(tmp_path):
-    """The lab inventory's first node alone (extra variables apply to every host: with the lab's two nodes and
+    """One node (glm5-a, vmid 194) on the lab's host (extra variables apply to every host: with the lab's two nodes and
     gateway they would share the vmid and port under test, which the fleet's checks refuse first)."""
     import yaml
     hosts = {'all': {'children': {'pve_hosts': {'hosts': {'pve-lab': None}},
-                                  'inference_nodes': {'hosts': {'glm5-lab': {'pve_container_vmid': 120}}}}}}
+                                  'inference_nodes': {'hosts': {'glm5-a': {'pve_container_vmid': 194}}}}}}
     (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(hosts))
     os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(tmp_path / 'group_vars'))
     return str(tmp_path)
