@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Fleet benchmark on the lab (by hand, not in CI): the gateway in front of make deploy's two nodes. Prints a table.
+
+    .venv/bin/python scripts/bench_fleet.py [--concurrency 1024] [--skip throughput,rolling,failing,kill]
+
+1. throughput: sglang.bench_serving (random-ids 256/128, as the smoke test) at C against one node directly, then at 2C
+   through the gateway: total tok/s of each and their ratio, p99 TTFT of each; the gateway's p99 TTFT overhead is the
+   gateway's p99 at 2C (C per node) less the node's at C.
+2. rolling: a load generator through the gateway at a steady concurrency (--load threads, each asking again as soon
+   as it is answered) while `ansible-playbook site.yml --tags sglang` rolls a flag change across both nodes (one at a
+   time: out of the gateway, drained, restarted, smoke-tested at concurrency 64, back): failed requests, rollout time.
+3. failing: a change the first node fails its smoke test with (the emulator's NaN fault) rolled out under the same
+   load: it is rolled back and stays out of the gateway, the rollout stops, the second node keeps serving; then the
+   inventory's configuration is rolled out again under load (the flag change undone, the first node back).
+4. kill: the same load while one node's engine is killed (SIGKILL; systemd restarts it): failed requests (what the
+   gateway's retries did not save), seconds until the gateway marked it unhealthy, and until it was healthy again.
+
+Runs bench_serving with a Python that has the pinned sglang (default: the lab's cached seed-validated venv that make
+test builds; --python to name another). The lab only: never point it at a real fleet (it restarts nodes).
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from glm5.inventory import DEFAULT_INVENTORY, GATEWAY_CONTRACT, Inventory
+from glm5.project import ROOT
+
+PLAYBOOK = os.path.join(ROOT, '.venv', 'bin', 'ansible-playbook')
+# sglang's native /generate: bench_serving's OpenAI backend sends best_of with stream, which smg 1.13 refuses (400
+# "best_of is not supported when stream is enabled"); the same backend for the node and the gateway
+BACKEND = 'sglang'
+# The rollouts' smoke test: one level (64, the production prompts per level and gates), not the full sweep
+SMOKE = {'sglang_smoke_levels': [64]}
+# A flag change every node restarts for (sglang's watchdog, harmless on the emulator)
+FLAG_CHANGE = {'watchdog-timeout': 602}
+
+
+def lab():
+    inv = Inventory(DEFAULT_INVENTORY)
+    (gateway,) = inv.gateways()
+    gw = inv.contract(gateway, which=GATEWAY_CONTRACT)
+    nodes = inv.nodes()
+    first = inv.host_vars(nodes[0])
+    return {'gateway': gateway, 'url': gw['url'], 'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
+            'key': first.get('sglang_service_api_key'), 'nodes': nodes,
+            'node_urls': [inv.contract(n)['url'] for n in nodes], 'model': first.get('sglang_service_served_model_name'),
+            'tokenizer': first.get('lab_stand_in_model_dir'), 'ssh': {n: inv.host_vars(n) for n in nodes}}
+
+
+def bench(python, url, key, model, tokenizer, concurrency, prompts):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'r.jsonl')
+        cmd = [python, '-m', 'sglang.bench_serving', '--backend', BACKEND, '--base-url', url, '--model', model,
+               '--tokenizer', tokenizer, '--dataset-name', 'random-ids', '--random-input-len', '256',
+               '--random-output-len', '128', '--random-range-ratio', '0.0', '--num-prompts', str(prompts),
+               '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', '1', '--output-file', out]
+        env = dict(os.environ, OPENAI_API_KEY=key, HF_HUB_OFFLINE='1')
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0 or not os.path.exists(out):
+            sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-2000:]))
+        with open(out) as fh:
+            line = json.loads(fh.read().splitlines()[-1])
+    return {'tok_s': line['total_throughput'], 'p99_ttft_ms': line['p99_ttft_ms'], 'failed': prompts - line['completed']}
+
+
+class Load(object):
+    """Threads asking the gateway again and again; counts answers and failures."""
+
+    def __init__(self, url, key, model, threads):
+        self.url, self.key, self.model = url, key, model
+        self.ok = self.failed = 0
+        self.errors = {}
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(threads)]
+
+    def loop(self):
+        body = json.dumps({'model': self.model, 'messages': [{'role': 'user', 'content': 'Tell me a story.'}],
+                           'max_tokens': 64, 'ignore_eos': True}).encode()
+        while not self.stop.is_set():
+            req = urllib.request.Request(self.url + '/v1/chat/completions', body, {
+                'Authorization': 'Bearer ' + self.key, 'Content-Type': 'application/json'})
+            try:
+                with urllib.request.urlopen(req, timeout=300) as resp:
+                    resp.read()
+                    outcome = None
+            except urllib.error.HTTPError as err:
+                outcome = 'HTTP {0}'.format(err.code)
+            except OSError as err:
+                outcome = type(err).__name__
+            with self.lock:
+                if outcome is None:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+                    self.errors[outcome] = self.errors.get(outcome, 0) + 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(330)
+
+
+def workers(fleet):
+    req = urllib.request.Request(fleet['url'] + '/workers', headers={'Authorization': 'Bearer ' + fleet['admin']})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return {w['url']: w['is_healthy'] for w in json.load(resp)['workers']}
+
+
+def rollout(extra, must_pass=True):
+    t0 = time.time()
+    with tempfile.NamedTemporaryFile('w', suffix='.json') as fh:
+        json.dump(extra, fh)
+        fh.flush()
+        r = subprocess.run([PLAYBOOK, os.path.join(ROOT, 'site.yml'), '--tags', 'sglang', '-e', '@' + fh.name],
+                           capture_output=True, text=True, cwd=ROOT)
+    if (r.returncode == 0) != must_pass:
+        sys.exit('the rollout {0}:\n{1}'.format('failed' if must_pass else 'passed', r.stdout[-3000:]))
+    return time.time() - t0
+
+
+def ssh(fleet, node, *argv):
+    hv = fleet['ssh'][node]
+    cmd = ['ssh', '-i', hv.get('ansible_ssh_private_key_file'), '-p', str(hv.get('ansible_port'))] + \
+        hv.get('ansible_ssh_common_args').split() + ['root@' + hv.get('ansible_host')] + list(argv)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--concurrency', type=int, default=1024, help='per node (default 1024, the seeds\' top level)')
+    ap.add_argument('--prompts-per-concurrency', type=int, default=2)
+    ap.add_argument('--load', type=int, default=64, help='load generator threads for rolling and kill (default 64)')
+    ap.add_argument('--skip', default='', help='comma-separated: throughput, rolling, failing, kill')
+    ap.add_argument('--python', default=(sorted(glob.glob('/var/cache/glm5-lab/sglang-venvs/seed-validated-*/bin/python'))
+                                         or [None])[0])
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(',')))
+    fleet = lab()
+    rows = []
+    if 'throughput' not in skip:
+        if not args.python:
+            sys.exit('no Python with sglang: run make test once (it caches one) or give --python')
+        c = args.concurrency
+        one = bench(args.python, fleet['node_urls'][0], fleet['key'], fleet['model'], fleet['tokenizer'], c,
+                    c * args.prompts_per_concurrency)
+        two = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], 2 * c,
+                    2 * c * args.prompts_per_concurrency)
+        rows += [('one node direct, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(one['tok_s']),
+                  'p99 TTFT {0:,.0f} ms, {1} failed'.format(one['p99_ttft_ms'], one['failed'])),
+                 ('gateway, 2 nodes, concurrency {0}'.format(2 * c), '{0:,.0f} tok/s'.format(two['tok_s']),
+                  'p99 TTFT {0:,.0f} ms, {1} failed'.format(two['p99_ttft_ms'], two['failed'])),
+                 ('ratio (need >= 1.8)', '{0:.2f}x'.format(two['tok_s'] / one['tok_s']), ''),
+                 ('gateway p99 TTFT overhead (need <= 50 ms)',
+                  '{0:+,.0f} ms'.format(two['p99_ttft_ms'] - one['p99_ttft_ms']), '')]
+    if 'rolling' not in skip:
+        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
+        rows += [('rolling deploy under load: flag change, 2 nodes', '{0:.0f} s'.format(there),
+                  '{0} answered, {1} failed {2}'.format(load.ok, load.failed, load.errors or ''))]
+    if 'failing' not in skip:
+        # a change the first node's smoke test fails (the engine's NaN fault): rolled back, left out, the rollout stops;
+        # then the inventory's own configuration rolled out again (the first node back in)
+        bad = dict(SMOKE, sglang_service_env={'GLM5_EMULATOR_SPEED': '1', 'GLM5_EMULATOR_FAULTS': 'nan'})
+        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            took = rollout(bad, must_pass=False)
+            after = workers(fleet)
+        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as again:
+            recover = rollout(dict(SMOKE))
+        rows += [('rollout of a change the first node fails', '{0:.0f} s'.format(took),
+                  'then in the gateway: {0}; {1} answered, {2} failed {3}'.format(
+                      ', '.join(n for n, u in zip(fleet['nodes'], fleet['node_urls'], strict=True) if after.get(u)) or 'nobody',
+                      load.ok, load.failed, load.errors or '')),
+                 ('rolling deploy back to the inventory', '{0:.0f} s'.format(recover),
+                  '{0} answered, {1} failed {2}'.format(again.ok, again.failed, again.errors or ''))]
+    if 'kill' not in skip:
+        node, url = fleet['nodes'][-1], fleet['node_urls'][-1]
+        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            time.sleep(5)
+            t0 = time.time()
+            ssh(fleet, node, 'systemctl', 'kill', '-s', 'KILL', 'glm5-sglang')
+            unhealthy = healthy = None
+            while time.time() - t0 < 180 and healthy is None:
+                state = workers(fleet).get(url)
+                if unhealthy is None and state is False:
+                    unhealthy = time.time() - t0
+                if unhealthy is not None and state:
+                    healthy = time.time() - t0
+                time.sleep(0.5)
+            time.sleep(5)
+        rows += [('{0} killed under load (SIGKILL)'.format(node), '{0} failed'.format(load.failed),
+                  '{0} answered; unhealthy after {1}, healthy again after {2} {3}'.format(
+                      load.ok, '{0:.1f} s'.format(unhealthy) if unhealthy is not None else 'never',
+                      '{0:.1f} s'.format(healthy) if healthy is not None else 'never', load.errors or ''))]
+    width = max(len(r[0]) for r in rows) if rows else 0
+    print('| {0} | result | detail |\n|{1}|---|---|'.format('measure'.ljust(width), '-' * (width + 2)))
+    for r in rows:
+        print('| {0} | {1} | {2} |'.format(r[0].ljust(width), r[1], r[2]))
+
+
+if __name__ == '__main__':
+    main()
