@@ -68,36 +68,31 @@ def _gateway_timeout(args, gws, var, default):
     return args.timeout or max(int(g.hv.get(var) or default) for g in gws)
 
 
-def cmd_drain(args, inv):
-    node, gws, say = _fleet_node(args, inv, 'drain')
-    timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout', 900)
+def _membership(args, inv, what, timeout_var, default, act, done_key, error):
+    """glm5 drain / undrain: act(gateways, node, timeout, say) on the node behind its gateways, then the result as
+    --json asks, exit 1 with error(result, node, timeout) unless result[done_key]."""
+    node, gws, say = _fleet_node(args, inv, what)
+    timeout = _gateway_timeout(args, gws, timeout_var, default)
     try:
-        res = fleet.drain(gws, node, timeout, say)
+        res = act(gws, node, timeout, say)
     finally:
         node.close()
         for gw in gws:
             gw.close()
     if args.json:
         print(json.dumps(res, indent=1))
-    if not res['drained']:
-        raise OpsError(fleet.drain_error(res, node, timeout))
+    if not res[done_key]:
+        raise OpsError(error(res, node, timeout))
     return 0
+
+
+def cmd_drain(args, inv):
+    return _membership(args, inv, 'drain', 'sglang_gateway_drain_timeout', 900, fleet.drain, 'drained', fleet.drain_error)
 
 
 def cmd_undrain(args, inv):
-    node, gws, say = _fleet_node(args, inv, 'undrain')
-    timeout = _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120)
-    try:
-        res = fleet.undrain(gws, node, timeout, say)
-    finally:
-        node.close()
-        for gw in gws:
-            gw.close()
-    if args.json:
-        print(json.dumps(res, indent=1))
-    if not res['healthy']:
-        raise OpsError(fleet.undrain_error(res, node, timeout))
-    return 0
+    return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', 120, fleet.undrain, 'healthy',
+                       fleet.undrain_error)
 
 
 def cmd_gpus(args, inv):
