@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Fleet benchmark on the lab (by hand, not in CI): the gateway in front of make deploy's two nodes. Prints a table.
 
-    .venv/bin/python scripts/bench_fleet.py [--concurrency 1024] [--skip throughput,rolling,failing,kill]
+    .venv/bin/python scripts/bench_fleet.py [--concurrency 1024] [--skip throughput,overhead,rolling,failing,kill]
 
 1. throughput: sglang.bench_serving (random-ids 256/128, as the smoke test) at C against one node directly, then at 2C
-   through the gateway: total tok/s of each and their ratio, p99 TTFT of each; the gateway's p99 TTFT overhead is the
-   gateway's p99 at 2C (C per node) less the node's at C.
+   through the gateway: total tok/s of each and their ratio.
+   overhead: the p99 TTFT the gateway adds at C: through the gateway at C (C/2 a node) less the slower node's own
+   when both are driven directly at C/2 at once (the load the gateway gives each; the same load on this machine's
+   two CPUs, which also run both engines and the clients). At C per node (2C through the gateway) the nodes sit at the seeds'
+   --max-running-requests 1024, where any imbalance queues a request behind a full batch for seconds: that figure is
+   printed too, and is not the gateway's own cost.
 2. rolling: a load generator through the gateway at a steady concurrency (--load threads, each asking again as soon
    as it is answered) while `ansible-playbook site.yml --tags sglang` rolls a flag change across both nodes (one at a
    time: out of the gateway, drained, restarted, smoke-tested at concurrency 64, back): failed requests, rollout time.
 3. failing: a change the first node fails its smoke test with (the emulator's NaN fault) rolled out under the same
    load: it is rolled back and stays out of the gateway, the rollout stops, the second node keeps serving; then the
    inventory's configuration is rolled out again under load (the flag change undone, the first node back).
-4. kill: the same load while one node's engine is killed (SIGKILL; systemd restarts it): failed requests (what the
-   gateway's retries did not save), seconds until the gateway marked it unhealthy, and until it was healthy again.
+4. kill: the same load while one node's engine is killed (SIGKILL) and held down --down seconds (then started
+   again): failed requests, and the gateway's own retry counters over the same time (smg_worker_retries_total,
+   smg_worker_retries_exhausted_total: the requests it resent to the other node, and those it gave up on), seconds
+   until the gateway marked the node unhealthy, and until it was healthy again.
 
 Runs bench_serving with a Python that has the pinned sglang (default: the lab's cached seed-validated venv that make
 test builds; --python to name another). The lab only: never point it at a real fleet (it restarts nodes).
@@ -50,7 +56,7 @@ def lab():
     nodes = inv.nodes()
     first = inv.host_vars(nodes[0])
     return {'gateway': gateway, 'url': gw['url'], 'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
-            'key': first.get('sglang_service_api_key'), 'nodes': nodes,
+            'key': first.get('sglang_service_api_key'), 'nodes': nodes, 'metrics': gw['metrics_url'],
             'node_urls': [inv.contract(n)['url'] for n in nodes], 'model': first.get('sglang_service_served_model_name'),
             'tokenizer': first.get('lab_stand_in_model_dir'), 'ssh': {n: inv.host_vars(n) for n in nodes}}
 
@@ -132,6 +138,18 @@ def rollout(extra, must_pass=True):
     return time.time() - t0
 
 
+def retries(fleet):
+    """The gateway's retry counters, summed: (resent, exhausted)."""
+    with urllib.request.urlopen(fleet['metrics'], timeout=10) as resp:
+        text = resp.read().decode()
+    sums = {'smg_worker_retries_total': 0, 'smg_worker_retries_exhausted_total': 0}
+    for line in text.splitlines():
+        name = line.split('{')[0].split(' ')[0]
+        if name in sums:
+            sums[name] += int(float(line.rsplit(' ', 1)[1]))
+    return sums['smg_worker_retries_total'], sums['smg_worker_retries_exhausted_total']
+
+
 def ssh(fleet, node, *argv):
     hv = fleet['ssh'][node]
     cmd = ['ssh', '-i', hv.get('ansible_ssh_private_key_file'), '-p', str(hv.get('ansible_port'))] + \
@@ -144,67 +162,108 @@ def main():
     ap.add_argument('--concurrency', type=int, default=1024, help='per node (default 1024, the seeds\' top level)')
     ap.add_argument('--prompts-per-concurrency', type=int, default=2)
     ap.add_argument('--load', type=int, default=64, help='load generator threads for rolling and kill (default 64)')
-    ap.add_argument('--skip', default='', help='comma-separated: throughput, rolling, failing, kill')
+    ap.add_argument('--skip', default='', help='comma-separated: throughput, overhead, rolling, failing, kill')
+    ap.add_argument('--down', type=int, default=20, help='seconds the killed node is kept down (default 20)')
     ap.add_argument('--python', default=(sorted(glob.glob('/var/cache/glm5-lab/sglang-venvs/seed-validated-*/bin/python'))
                                          or [None])[0])
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(',')))
     fleet = lab()
     rows = []
-    if 'throughput' not in skip:
-        if not args.python:
-            sys.exit('no Python with sglang: run make test once (it caches one) or give --python')
-        c = args.concurrency
-        one = bench(args.python, fleet['node_urls'][0], fleet['key'], fleet['model'], fleet['tokenizer'], c,
-                    c * args.prompts_per_concurrency)
-        two = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], 2 * c,
-                    2 * c * args.prompts_per_concurrency)
-        rows += [('one node direct, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(one['tok_s']),
-                  'p99 TTFT {0:,.0f} ms, {1} failed'.format(one['p99_ttft_ms'], one['failed'])),
-                 ('gateway, 2 nodes, concurrency {0}'.format(2 * c), '{0:,.0f} tok/s'.format(two['tok_s']),
-                  'p99 TTFT {0:,.0f} ms, {1} failed'.format(two['p99_ttft_ms'], two['failed'])),
-                 ('ratio (need >= 1.8)', '{0:.2f}x'.format(two['tok_s'] / one['tok_s']), ''),
-                 ('gateway p99 TTFT overhead (need <= 50 ms)',
-                  '{0:+,.0f} ms'.format(two['p99_ttft_ms'] - one['p99_ttft_ms']), '')]
-    if 'rolling' not in skip:
-        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
-            there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
-        rows += [('rolling deploy under load: flag change, 2 nodes', '{0:.0f} s'.format(there),
-                  '{0} answered, {1} failed {2}'.format(load.ok, load.failed, load.errors or ''))]
-    if 'failing' not in skip:
-        # a change the first node's smoke test fails (the engine's NaN fault): rolled back, left out, the rollout stops;
-        # then the inventory's own configuration rolled out again (the first node back in)
-        bad = dict(SMOKE, sglang_service_env={'GLM5_EMULATOR_SPEED': '1', 'GLM5_EMULATOR_FAULTS': 'nan'})
-        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
-            took = rollout(bad, must_pass=False)
-            after = workers(fleet)
-        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as again:
-            recover = rollout(dict(SMOKE))
-        rows += [('rollout of a change the first node fails', '{0:.0f} s'.format(took),
-                  'then in the gateway: {0}; {1} answered, {2} failed {3}'.format(
-                      ', '.join(n for n, u in zip(fleet['nodes'], fleet['node_urls'], strict=True) if after.get(u)) or 'nobody',
-                      load.ok, load.failed, load.errors or '')),
-                 ('rolling deploy back to the inventory', '{0:.0f} s'.format(recover),
-                  '{0} answered, {1} failed {2}'.format(again.ok, again.failed, again.errors or ''))]
-    if 'kill' not in skip:
-        node, url = fleet['nodes'][-1], fleet['node_urls'][-1]
-        with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
-            time.sleep(5)
-            t0 = time.time()
-            ssh(fleet, node, 'systemctl', 'kill', '-s', 'KILL', 'glm5-sglang')
-            unhealthy = healthy = None
-            while time.time() - t0 < 180 and healthy is None:
-                state = workers(fleet).get(url)
-                if unhealthy is None and state is False:
-                    unhealthy = time.time() - t0
-                if unhealthy is not None and state:
-                    healthy = time.time() - t0
-                time.sleep(0.5)
-            time.sleep(5)
-        rows += [('{0} killed under load (SIGKILL)'.format(node), '{0} failed'.format(load.failed),
-                  '{0} answered; unhealthy after {1}, healthy again after {2} {3}'.format(
-                      load.ok, '{0:.1f} s'.format(unhealthy) if unhealthy is not None else 'never',
-                      '{0:.1f} s'.format(healthy) if healthy is not None else 'never', load.errors or ''))]
+    try:
+        if 'throughput' not in skip:
+            if not args.python:
+                sys.exit('no Python with sglang: run make test once (it caches one) or give --python')
+            c = args.concurrency
+            one = bench(args.python, fleet['node_urls'][0], fleet['key'], fleet['model'], fleet['tokenizer'], c,
+                        c * args.prompts_per_concurrency)
+            two = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], 2 * c,
+                        2 * c * args.prompts_per_concurrency)
+            rows += [('one node direct, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(one['tok_s']),
+                      'p99 TTFT {0:,.0f} ms, {1} failed'.format(one['p99_ttft_ms'], one['failed'])),
+                     ('gateway, 2 nodes, concurrency {0}'.format(2 * c), '{0:,.0f} tok/s'.format(two['tok_s']),
+                      'p99 TTFT {0:,.0f} ms, {1} failed'.format(two['p99_ttft_ms'], two['failed'])),
+                     ('ratio (need >= 1.8)', '{0:.2f}x'.format(two['tok_s'] / one['tok_s']), ''),
+                     ('p99 TTFT at {0} a node, through the gateway less directly'.format(c),
+                      '{0:+,.0f} ms'.format(two['p99_ttft_ms'] - one['p99_ttft_ms']),
+                      'the nodes at their --max-running-requests: imbalance queues (not the gateway\'s own cost)')]
+        if 'overhead' not in skip:
+            c = args.concurrency
+            # both nodes at C/2 at once, each by its own client: the same engines' and clients' load on this
+            # machine's CPUs as through the gateway, so the difference is the gateway's
+            halves = {}
+            threads = [threading.Thread(target=lambda u=u: halves.__setitem__(u, bench(
+                args.python, u, fleet['key'], fleet['model'], fleet['tokenizer'], c // 2,
+                c // 2 * args.prompts_per_concurrency))) for u in fleet['node_urls']]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            half = max(halves.values(), key=lambda r: r['p99_ttft_ms'])
+            half['tok_s'] = sum(r['tok_s'] for r in halves.values())
+            half['failed'] = sum(r['failed'] for r in halves.values())
+            through = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], c,
+                            c * args.prompts_per_concurrency)
+            rows += [('both nodes direct at once, concurrency {0} each'.format(c // 2),
+                      '{0:,.0f} tok/s'.format(half['tok_s']),
+                      'p99 TTFT {0:,.0f} ms (the slower node), {1} failed'.format(half['p99_ttft_ms'], half['failed'])),
+                     ('gateway, 2 nodes, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(through['tok_s']),
+                      'p99 TTFT {0:,.0f} ms, {1} failed'.format(through['p99_ttft_ms'], through['failed'])),
+                     ('gateway p99 TTFT overhead at {0} (need <= 50 ms)'.format(c),
+                      '{0:+,.0f} ms'.format(through['p99_ttft_ms'] - half['p99_ttft_ms']), '')]
+        if 'rolling' not in skip:
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+                there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
+            rows += [('rolling deploy under load: flag change, 2 nodes', '{0:.0f} s'.format(there),
+                      '{0} answered, {1} failed {2}'.format(load.ok, load.failed, load.errors or ''))]
+        if 'failing' not in skip:
+            # a change the first node's smoke test fails (the engine's NaN fault): rolled back, left out, the rollout stops;
+            # then the inventory's own configuration rolled out again (the first node back in)
+            bad = dict(SMOKE, sglang_service_env={'GLM5_EMULATOR_SPEED': '1', 'GLM5_EMULATOR_FAULTS': 'nan'})
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+                took = rollout(bad, must_pass=False)
+                after = workers(fleet)
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as again:
+                recover = rollout(dict(SMOKE))
+            rows += [('rollout of a change the first node fails', '{0:.0f} s'.format(took),
+                      'then in the gateway: {0}; {1} answered, {2} failed {3}'.format(
+                          ', '.join(n for n, u in zip(fleet['nodes'], fleet['node_urls'], strict=True)
+                                    if after.get(u)) or 'nobody',
+                          load.ok, load.failed, load.errors or '')),
+                     ('rolling deploy back to the inventory', '{0:.0f} s'.format(recover),
+                      '{0} answered, {1} failed {2}'.format(again.ok, again.failed, again.errors or ''))]
+        if 'kill' not in skip:
+            node, url = fleet['nodes'][-1], fleet['node_urls'][-1]
+            before = retries(fleet)
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+                time.sleep(5)
+                t0 = time.time()
+                # killed, and kept down (systemd would restart it within seconds, before any health check noticed)
+                ssh(fleet, node, 'systemctl kill -s KILL glm5-sglang; systemctl stop glm5-sglang')
+                unhealthy = healthy = None
+                started = False
+                while time.time() - t0 < 180 and healthy is None:
+                    state = workers(fleet).get(url)
+                    if unhealthy is None and state is False:
+                        unhealthy = time.time() - t0
+                    if not started and time.time() - t0 >= args.down:
+                        ssh(fleet, node, 'systemctl reset-failed glm5-sglang; systemctl start glm5-sglang')
+                        started = True
+                    if started and unhealthy is not None and state:
+                        healthy = time.time() - t0
+                    time.sleep(0.5)
+                time.sleep(5)
+            after = retries(fleet)
+            rows += [('{0} killed under load, down {1} s'.format(node, args.down), '{0} failed'.format(load.failed),
+                      '{0} answered; the gateway resent {1}, gave up on {2}; unhealthy after {3}, healthy again after '
+                      '{4} {5}'.format(load.ok, after[0] - before[0], after[1] - before[1],
+                                       '{0:.1f} s'.format(unhealthy) if unhealthy is not None else 'never',
+                                       '{0:.1f} s'.format(healthy) if healthy is not None else 'never', load.errors or ''))]
+    finally:
+        table(rows)
+
+
+def table(rows):
     width = max(len(r[0]) for r in rows) if rows else 0
     print('| {0} | result | detail |\n|{1}|---|---|'.format('measure'.ljust(width), '-' * (width + 2)))
     for r in rows:

@@ -405,7 +405,8 @@ def test_a_level_without_a_result_names_its_log_as_the_report_names_it(python, m
     class Nothing(object):
         url = 'http://127.0.0.1:9'
     shown = 'pve-host:/var/lib/glm5/bench-history/run-1/bench-c4.log'
-    out = bench(Nothing(), python, model, tmp_path, capsys, prompts=4, log_file_shown=shown)
+    # bench_serving waits a minute for a server that is not there: the module's bound stops it first
+    out = bench(Nothing(), python, model, tmp_path, capsys, prompts=4, log_file_shown=shown, timeout=15)
     assert out['line'] is None and out['error'].endswith('(whole log: {0})'.format(shown)), out['error']
     assert str(tmp_path) not in out['error']
 
@@ -413,6 +414,16 @@ def test_a_level_without_a_result_names_its_log_as_the_report_names_it(python, m
 def test_the_bench_module_without_nvidia_smi_says_so(engine, python, model, tmp_path, capsys):
     out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='nvidia-smi-not-here')
     assert out['samples'] == 0 and 'no GPU samples' in out['gpu_note']
+
+
+def test_the_bench_module_on_sglangs_native_api_samples_nothing_when_told(engine, python, model, tmp_path, capsys):
+    """The fleet smoke test's call: backend sglang (/generate, what the gateway accepts), no GPU sampling (the client
+    is one node, not the fleet's GPUs)."""
+    out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='', backend='sglang')
+    assert out['exit_code'] == 0 and out['result']['completed'] == 4, out
+    assert out['cmd'][out['cmd'].index('--backend') + 1] == 'sglang'
+    assert out['samples'] == 0 and out['gpu_note'] == 'not sampled (no nvidia-smi given)'
+    assert not (tmp_path / 'gpu.jsonl').read_text()
 
 
 PARSE = '''

@@ -148,6 +148,7 @@ def plot_trend(entries, path):
     fig, ax = plt.subplots(figsize=(12, 4.6))
     levels = sorted({int(c) for e in entries for c in (e.get('levels') or {})})
     top = max(levels) if levels else None
+    drawn = False
     for n, level in enumerate(levels):
         pts = [(i, e) for i, e in enumerate(entries)
                if ((e.get('levels') or {}).get(str(level)) or {}).get('total_tok_s') is not None]
@@ -157,6 +158,7 @@ def plot_trend(entries, path):
         ys = [e['levels'][str(level)]['total_tok_s'] for _, e in pts]
         ax.plot([i for i, _ in pts], ys, '-', color=color, alpha=.6, lw=2.5 if level == top else 1,
                 label='concurrency {0}'.format(level))
+        drawn = True
         for (i, e), y in zip(pts, ys, strict=True):
             ax.plot(i, y, 'o' if e.get('passed') else 'x', color=color if e.get('passed') else 'tab:red', ms=7, mew=2)
     ax.set_yscale('log')
@@ -166,7 +168,7 @@ def plot_trend(entries, path):
     ax.set_ylabel('total tok/s')
     ax.set_title('Total tok/s per concurrency level across runs (o passed, x failed, rb rolled back)')
     ax.grid(True, which='both', alpha=.3)
-    if levels:
+    if drawn:
         ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.0, 1.0))
     _save(plt, fig, path)
 

@@ -8,7 +8,7 @@ short_description: One concurrency level of sglang.bench_serving against a runni
 description:
   - >-
     Runs the real C(python -m sglang.bench_serving) of the given Python (the node's SGLang environment) once:
-    C(--backend sglang-oai --dataset-name random-ids) (offline, no dataset download), the given lengths and
+    C(--backend sglang-oai) (or C(backend)) C(--dataset-name random-ids) (offline, no dataset download), the given lengths and
     C(--random-range-ratio), C(--num-prompts), C(--max-concurrency), C(--request-rate inf); its result line is
     appended to C(output_file) (JSONL). The API key goes in through C(OPENAI_API_KEY), never on the command line.
   - >-
@@ -52,7 +52,19 @@ options:
     type: str
     default: ''
   samples_file: {description: The GPU samples (JSONL, appended)., type: path, required: true}
-  nvidia_smi: {description: The nvidia-smi to sample with (a name on PATH or a path)., type: str, default: nvidia-smi}
+  nvidia_smi:
+    description: >-
+      The nvidia-smi to sample with (a name on PATH or a path); empty - no GPU samples (a client that is not beside
+      the GPUs).
+    type: str
+    default: nvidia-smi
+  backend:
+    description: >-
+      bench_serving's C(--backend): C(sglang-oai) (the OpenAI API, the node's smoke test) or C(sglang) (sglang's native
+      C(/generate): SGLang's model gateway 1.13 refuses the OpenAI backend's C(best_of) with C(stream)).
+    type: str
+    choices: [sglang-oai, sglang]
+    default: sglang-oai
   sample_interval: {description: Seconds between GPU samples., type: float, default: 2.0}
   timeout: {description: Seconds the level may take before bench_serving is stopped., type: int, default: 3600}
   extra_args: {description: More bench_serving arguments., type: list, elements: str, default: []}
@@ -232,7 +244,7 @@ def open_files_limit(want=65535):
 
 
 def command(p, output_file):
-    return [p['python'], '-m', 'sglang.bench_serving', '--backend', 'sglang-oai', '--base-url', p['base_url'],
+    return [p['python'], '-m', 'sglang.bench_serving', '--backend', p['backend'], '--base-url', p['base_url'],
             '--model', p['model'], '--tokenizer', p['tokenizer'], '--dataset-name', 'random-ids',
             '--random-input-len', str(p['input_len']), '--random-output-len', str(p['output_len']),
             '--random-range-ratio', repr(float(p['range_ratio'])), '--num-prompts', str(p['prompts']),
@@ -252,10 +264,13 @@ def run(module):
 def level(module, p, raw_output):
     cmd = command(p, raw_output)
     secrets = [p['api_key']] if p['api_key'] else []
-    smi = p['nvidia_smi'] if os.path.isabs(p['nvidia_smi']) else module.get_bin_path(p['nvidia_smi'])
-    if smi and not os.access(smi, os.X_OK):
-        smi = None
-    gpu_note = 'nvidia-smi ({0})'.format(smi) if smi else 'no nvidia-smi in the container: no GPU samples'
+    smi = None
+    if p['nvidia_smi']:
+        smi = p['nvidia_smi'] if os.path.isabs(p['nvidia_smi']) else module.get_bin_path(p['nvidia_smi'])
+        if smi and not os.access(smi, os.X_OK):
+            smi = None
+    gpu_note = ('nvidia-smi ({0})'.format(smi) if smi else 'not sampled (no nvidia-smi given)' if not p['nvidia_smi']
+                else 'no nvidia-smi in the container: no GPU samples')
     for path in (p['output_file'], p['log_file'], p['samples_file']):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     nofile = open_files_limit()
@@ -331,6 +346,7 @@ def main():
             log_file_shown=dict(type='str', default=''),
             samples_file=dict(type='path', required=True),
             nvidia_smi=dict(type='str', default='nvidia-smi'),
+            backend=dict(type='str', choices=['sglang-oai', 'sglang'], default='sglang-oai'),
             sample_interval=dict(type='float', default=2.0),
             timeout=dict(type='int', default=3600),
             extra_args=dict(type='list', elements='str', default=[]),

@@ -1,0 +1,123 @@
+#!/usr/bin/python
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_fleet_report
+short_description: The fleet smoke test's settings check, sweep plan, gates and report folder (run on the controller)
+description:
+  - C(action=validate) checks the fleet smoke test's settings (per-node levels, tolerance, the TTFT the gateway may
+    add, the nodes and their baselines) and fails with every problem, one line each, before any load; it returns the
+    sweep's plan (C(plan)) - each per-node level c is driven through the gateway at c x nodes, with as many prompts
+    as the node's smoke test sends per concurrency.
+  - C(action=report) reads a run folder (C(bench.jsonl) written by the sglang_bench module through the gateway) and
+    the nodes' bench-history indexes, applies the gates (every request completed; total tok/s at least the sum of the
+    nodes' baselines at c, each at its own pace, x tolerance; the p99 TTFT the gateway adds over the slowest node's
+    own p99 at c, from its latest passed sweep, at most C(ttft_overhead_ms)), and writes C(summary.json),
+    C(report.md) and C(fleet.png) into the folder, then the fleet history's C(index.jsonl), C(index.md) and
+    C(trend.png). A level no node has a passed sweep for is not gated on the added TTFT; the report says so.
+  - Needs matplotlib (requirements.txt) where it runs.
+options:
+  action: {description: validate or report., type: str, choices: [validate, report], default: report}
+  settings:
+    description: >-
+      levels (per node), input_len, output_len, range_ratio, prompts_per_concurrency, min_prompts, tolerance,
+      ttft_overhead_ms, nodes ([{name, url, flags_sha256, baseline, speed_factor}]).
+    type: dict
+    required: true
+  run_id: {description: The run's name (its folder's)., type: str}
+  started: {description: When the run started (UTC, ISO 8601)., type: str}
+  run_dir: {description: The run folder on this machine., type: path}
+  history_dir: {description: The fleet's history (its runs' folders and its index) on this machine., type: path}
+  meta: {description: What ran (gateway, url, policy, version)., type: dict, default: {}}
+  probe: {description: The sglang_probe result through the gateway (passed, problems, results)., type: dict}
+  sweep: {description: The sglang_bench results, in the plan's order., type: list, elements: dict, default: []}
+  indexes:
+    description: Each node's bench-history index (index.jsonl's text), by node name; a node without one is missing.
+    type: dict
+    default: {}
+author: GLM-5 node maintainers
+'''
+
+EXAMPLES = r'''
+- name: The fleet report
+  sglang_fleet_report:
+    settings: "{{ fleet_settings }}"
+    run_id: 20261201T120000Z-0a1b2c3d-glm5-gw
+    started: "2026-12-01T12:00:00Z"
+    run_dir: /tmp/fleet/runs/20261201T120000Z-0a1b2c3d-glm5-gw
+    history_dir: /tmp/fleet/runs
+    probe: "{{ probe }}"
+    sweep: "{{ bench.results }}"
+    indexes: {glm5-a: "{{ index_a }}", glm5-b: "{{ index_b }}"}
+  delegate_to: localhost
+'''
+
+RETURN = r'''
+plan: {description: "The sweep: [{per_node, concurrency, prompts}].", returned: always, type: list}
+passed: {description: The verdict., returned: action=report, type: bool}
+reasons: {description: Why it failed, one line each., returned: action=report, type: list}
+markdown: {description: The report (report.md) less its plots., returned: action=report, type: str}
+files: {description: The files written into run_dir., returned: action=report, type: list}
+index_files: {description: The files written into history_dir., returned: action=report, type: list}
+summary: {description: summary.json's content., returned: action=report, type: dict}
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.glm5_fleet import problems, sweep_plan, write
+from ansible.module_utils.glm5_results import parse_jsonl
+
+SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds')
+
+
+def sweep_item(item, planned):
+    """What the report keeps of one sglang_bench result; one that failed outright still names its level."""
+    out = {k: item.get(k) for k in SWEEP_KEYS}
+    for key in ('concurrency', 'prompts'):
+        if out[key] is None:
+            out[key] = planned[key]
+    if out['error'] is None and item.get('failed'):
+        out['error'] = item.get('msg') or 'the sglang_bench module failed'
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type='str', choices=['validate', 'report'], default='report'),
+            settings=dict(type='dict', required=True),
+            run_id=dict(type='str'),
+            started=dict(type='str'),
+            run_dir=dict(type='path'),
+            history_dir=dict(type='path'),
+            meta=dict(type='dict', default={}),
+            probe=dict(type='dict'),
+            sweep=dict(type='list', elements='dict', default=[]),
+            indexes=dict(type='dict', default={}),
+        ),
+        required_if=[('action', 'report', ('run_id', 'started', 'run_dir', 'history_dir'))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    found = problems(p['settings'])
+    if found:
+        module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found) + '. Nothing was run.',
+                         problems=found)
+    plan = sweep_plan(p['settings'])
+    if p['action'] == 'validate' or module.check_mode:
+        module.exit_json(changed=False, plan=plan)
+    try:
+        indexes = {name: parse_jsonl(text or '') for name, text in (p['indexes'] or {}).items()}
+        sweep = [sweep_item(item, planned) for item, planned in zip(p['sweep'] or [], plan, strict=False)]
+        summary, files, index_files = write(p['run_dir'], p['history_dir'], p['run_id'], p['started'], p['meta'] or {},
+                                            p['settings'], p['probe'], sweep, indexes)
+    except (ValueError, OSError) as exc:
+        module.fail_json(msg='The fleet smoke-test report could not be written: {0}'.format(exc), plan=plan)
+    with open('{0}/report.md'.format(p['run_dir'])) as fh:
+        md = fh.read().split('\n![fleet]')[0]
+    module.exit_json(changed=True, plan=plan, passed=summary['passed'], reasons=summary['reasons'], markdown=md,
+                     files=files, index_files=index_files, summary=summary)
+
+
+if __name__ == '__main__':
+    main()
