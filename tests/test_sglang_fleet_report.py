@@ -161,7 +161,7 @@ def test_the_module_writes_the_report_the_plot_and_the_fleet_index(tmp_path, cap
                                                      'levels': {'128': {'total_tok_s': 900.0}}}) + '\n')
     out = run_module(sglang_fleet_report, capsys, settings=settings(), run_id='r2', started='2026-12-01T01:00:00Z',
                      run_dir=str(run), history_dir=str(history), meta={'gateway': 'gw', 'url': 'http://gw:8000',
-                                                                       'policy': 'power_of_two'},
+                                                                       'policy': 'power_of_two', 'drained': ['c']},
                      probe={'passed': True, 'problems': [], 'results': [{}, {}, {}]},
                      sweep=[{'concurrency': 128, 'prompts': 512, 'line': 0, 'error': None, 'seconds': 9.0}],
                      indexes={'a': '\n'.join(json.dumps(e) for e in INDEXES['a']), 'b': json.dumps(INDEXES['b'][0])})
@@ -174,6 +174,7 @@ def test_the_module_writes_the_report_the_plot_and_the_fleet_index(tmp_path, cap
         assert fh.read(8) == b'\x89PNG\r\n\x1a\n'
     md = (run / 'report.md').read_text()
     assert 'Fleet smoke test r2: PASSED' in md
+    assert 'Drained by an operator, out of the gateway and not counted: c.' in md
     assert '| 128 (64) | 512 of 512 | 1,400.0 | 1,400.0 | 1,420.0 | 600.0 | 580.0 | +20.0 ms | pass |' in md
     assert md.rstrip().endswith('![fleet](fleet.png)') and '![fleet]' not in out['markdown']
     entries = [json.loads(x) for x in (history / 'index.jsonl').read_text().splitlines()]

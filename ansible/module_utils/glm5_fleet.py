@@ -181,6 +181,8 @@ def markdown(s):
                  m.get('gateway'), m.get('url'), m.get('policy'),
                  ', '.join('{0} (flags {1})'.format(n['name'], (n.get('flags_sha256') or '')[:12]) for n in s['nodes']),
                  s['started'], s['finished']), '']
+    if m.get('drained'):
+        lines += ['Drained by an operator, out of the gateway and not counted: {0}.'.format(', '.join(m['drained'])), '']
     if s.get('probe') is not None:
         p = s['probe']
         lines += ['Probe through the gateway: {0}'.format('passed ({0} answers)'.format(len(p.get('results') or []))
