@@ -285,6 +285,40 @@ def test_drain_waits_for_the_request_in_flight_and_undrain_puts_it_back(lab):
 
 
 @pytest.mark.sglang
+def test_a_restart_leaves_and_rejoins_unrecorded_and_an_operators_drain_stays(lab):
+    """glm5 restart behind a gateway (record=False): out without a mark in the drained file, back in after; a node an
+    operator drained stays out through it."""
+    path, said = lab.contract['drained_file'], []
+    res = fleet.drain([lab.gw], lab.node['n2'], 60, said.append, interval=0.3, record=False)
+    assert res['drained'] and said[0] == 'n2: out of gw ({0})'.format(lab.engines[1].url), said
+    rows, _ = state(lab)
+    assert rows['n2'] == (False, None, False)           # out, and not drained by anyone
+    assert not os.path.exists(path) or json.load(open(path)) == []
+    said.clear()
+    assert fleet.undrain([lab.gw], lab.node['n2'], 60, said.append, record=False)['healthy']
+    assert said[0] == 'n2: added to gw ({0})'.format(lab.engines[1].url), said
+    assert state(lab)[0]['n2'] == (True, True, False)
+    # an operator's drain: the restart's leave finds it out already, its rejoin keeps it out
+    assert fleet.drain([lab.gw], lab.node['n2'], 60, lambda text: None)['drained']
+    with open(path) as fh:
+        mark, = json.load(fh)
+    try:
+        said.clear()
+        assert fleet.drain([lab.gw], lab.node['n2'], 60, said.append, record=False)['drained']
+        assert 'drained already by ' in said[0], said
+        said.clear()
+        res = fleet.undrain([lab.gw], lab.node['n2'], 60, said.append, record=False)
+        assert res['healthy'] and res['gateways'][0]['kept_out'] and said == [
+            'n2: stays out of gw: drained by {0} since {1} (glm5 undrain n2 puts it back)'.format(mark['by'],
+                                                                                                  mark['since'])]
+        assert state(lab)[0]['n2'] == (False, None, True)
+        with open(path) as fh:
+            assert json.load(fh) == [mark]
+    finally:
+        assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
+
+
+@pytest.mark.sglang
 def test_a_drain_past_its_bound_says_so_and_leaves_the_node_drained(lab):
     t, got = in_flight_beside(lab.engines[0], 120)                    # ~15 s
     try:

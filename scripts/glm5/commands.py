@@ -285,15 +285,29 @@ def _resolve(wanted, runs, node):
 
 
 def cmd_restart(args, inv):
-    node = Node(inv, inv.one(args.node))
+    name = inv.one(args.node)
+    # behind a gateway: out of it first (its in-flight requests finished), back in once ready - as a deploy does,
+    # without recording an operator's drain (a node an operator drained stays out)
+    gws = fleet.in_front(inv, name, required=False)
+    node = Node(inv, name)
+    say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))
+    left = None
     try:
         launch = node.launch()
         if launch is None:
             raise OpsError('{0}: no unit {1} in the container'.format(node.name, node.unit))
         timeout = args.timeout or int(node.hv.get('sglang_service_ready_timeout'))
         stop_timeout = int(node.hv.get('sglang_service_stop_timeout')) + 60
-        say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))
         node.lock('glm5 restart')
+        if gws:
+            drain_timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout', 900)
+            left = fleet.drain(gws, node, drain_timeout, say, record=False)
+            if not left['drained']:
+                back = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120), say,
+                                     record=False)
+                raise OpsError('{0}: {1} requests still in flight after {2} s out of {3}: not restarted, {4}'.format(
+                    node.name, left['in_flight'], drain_timeout, ', '.join(g.name for g in gws),
+                    'back in' if back['healthy'] else 'put back (not healthy yet: glm5 fleet)'))
         say('{0}: stopping {1} (running requests drain first, up to {2} s)'.format(node.name, node.service,
                                                                                    stop_timeout - 60))
         t0 = time.monotonic()
@@ -318,16 +332,28 @@ def cmd_restart(args, inv):
             time.sleep(2)
         ready = round(time.monotonic() - t1, 1)
         unit = node.unit_state()
+        ok = bool(health and health['ok'])
+        if ok:
+            say('{0}: {1} ready after {2} s ({3}{4} 200)'.format(node.name, node.service, ready, launch['base_url'],
+                                                               node.contract['ready_path']))
+        joined = None
+        if gws and ok:
+            joined = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120), say,
+                                   record=False)
+            if not joined['healthy']:
+                raise OpsError(fleet.undrain_error(joined, node, _gateway_timeout(
+                    args, gws, 'sglang_gateway_join_timeout', 120)))
     finally:
         node.unlock()
         node.close()
-    ok = bool(health and health['ok'])
+        for gw in gws:
+            gw.close()
+    if gws and not ok:
+        say('{0}: left out of {1} (not ready)'.format(node.name, ', '.join(g.name for g in gws)))
     if args.json:
         print(json.dumps({'node': node.name, 'service': node.service, 'stopped_after_s': stopped, 'ready': ok,
-                          'ready_after_s': ready if ok else None, 'unit': unit, 'health': health}, indent=1))
-    elif ok:
-        print('{0}: {1} ready after {2} s ({3}{4} 200)'.format(node.name, node.service, ready, launch['base_url'],
-                                                             node.contract['ready_path']))
+                          'ready_after_s': ready if ok else None, 'unit': unit, 'health': health,
+                          'gateways': {'left': left, 'joined': joined} if gws else None}, indent=1))
     if not ok:
         raise OpsError('{0}: {1} is not ready after {2} s: unit {3} ({4}), {5} {6} (glm5 logs -n {0})'.format(
             node.name, node.service, ready, unit['active'], unit['sub'], node.contract['ready_path'],

@@ -311,13 +311,25 @@ def gateways(inv, wanted=None, every=False):
     return out
 
 
-def in_front(inv, node):
-    """The gateways in front of an inference node (their sglang_gateway_nodes name it)."""
+def in_front(inv, node, required=True):
+    """The gateways in front of an inference node (their sglang_gateway_nodes name it); none is a usage error
+    unless not required (glm5 restart: a node behind no gateway restarts alone)."""
     inv.select(node)
-    found = [g for g in gateways(inv, every=True) if g.worker_url(node)]
-    if not found:
+    if not required and not inv.gateways():
+        return []
+    found = []
+    for g in gateways(inv, every=True):
+        if g.worker_url(node):
+            found.append(g)
+        else:
+            g.close()
+    if not found and required:
         raise UsageError('{0} is behind no gateway of {1} (sglang_gateway_nodes)'.format(node, inv.source))
     return found
+
+
+def _operator_drained(gw, node):
+    return next((d for d in gw.drained() if isinstance(d, dict) and d.get('node') == node), None)
 
 
 # -- glm5 status's section
@@ -392,14 +404,15 @@ def _wait(check, timeout, interval):
         time.sleep(interval)
 
 
-def drain(gws, node, timeout, say, interval=2):
+def drain(gws, node, timeout, say, interval=2, record=True):
     """Take node out of each gateway (recorded first in its drained file, so that a deploy or a gateway restart keeps
-    it out), then wait up to timeout s for its in-flight requests to finish. node: name, ssh, contract."""
+    it out), then wait up to timeout s for its in-flight requests to finish. node: name, ssh, contract.
+    record False (glm5 restart): out for a moment, not recorded as an operator's drain."""
     entry = {'node': node.name, 'since': _now(), 'by': '{0}@{1}'.format(getpass.getuser(), socket.gethostname())}
     res = {'node': node.name, 'gateways': [], 'drained': False}
     for gw in gws:
         worker = gw.worker_url(node.name)
-        before = gw.mark('add', node.name, dict(entry, worker=worker))
+        before = gw.mark('add', node.name, dict(entry, worker=worker)) if record else _operator_drained(gw, node.name)
         ids = [w['id'] for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
         for i in ids:
             gw.remove(i)
@@ -411,7 +424,7 @@ def drain(gws, node, timeout, say, interval=2):
         say('{0}: {1}{2}'.format(node.name, 'out of {0} ({1})'.format(gw.name, worker) if ids else
                                 'not in {0} ({1})'.format(gw.name, worker),
                                 ', drained already by {0} since {1}'.format(before.get('by'), before.get('since'))
-                                if before else ', marked drained'))
+                                if before else ', marked drained' if record else ''))
         res['gateways'].append({'gateway': gw.name, 'worker': worker, 'removed': bool(ids), 'drained_before': before})
     t0, last, told = time.monotonic(), None, 0
     while True:
@@ -449,13 +462,23 @@ def drain_error(res, node, timeout):
             'waits again, glm5 undrain {0} puts it back'.format(node.name, res['in_flight'], timeout, where))
 
 
-def undrain(gws, node, timeout, say, interval=1):
+def undrain(gws, node, timeout, say, interval=1, record=True):
     """Put node back into each gateway: off its drained file, added with the node's key (read on the node) unless it
-    is there, then healthy in each gateway's view within timeout s."""
+    is there, then healthy in each gateway's view within timeout s. record False (glm5 restart): the drained file is
+    only read - a gateway whose operator drained the node keeps it out."""
     res, key = {'node': node.name, 'gateways': [], 'healthy': False}, None
-    for gw in gws:
+    for gw in list(gws):
         worker = gw.worker_url(node.name)
-        before = gw.mark('remove', node.name)
+        if not record:
+            kept = _operator_drained(gw, node.name)
+            if kept:
+                say('{0}: stays out of {1}: drained by {2} since {3} (glm5 undrain {0} puts it back)'.format(
+                    node.name, gw.name, kept.get('by'), kept.get('since')))
+                res['gateways'].append({'gateway': gw.name, 'worker': worker, 'added': False, 'drained_before': kept,
+                                        'kept_out': True})
+                gws = [g for g in gws if g is not gw]
+                continue
+        before = gw.mark('remove', node.name) if record else None
         there = [w for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
         if not there:
             if key is None:
@@ -470,6 +493,9 @@ def undrain(gws, node, timeout, say, interval=1):
         res['gateways'].append({'gateway': gw.name, 'worker': worker, 'added': not there, 'drained_before': before})
     key = None
     t0, state = time.monotonic(), {}
+    if not gws:                         # every gateway keeps it out (an operator's drain): nothing to wait for
+        res.update(healthy=True, waited_s=0, state={})
+        return res
 
     def healthy():
         for gw in gws:
