@@ -1,12 +1,16 @@
 """The fleet behind the gateway: each node's worker URL and key from the inventory, and every bad fleet setting
 refused with one line naming what is wrong (sglang_fleet filters); the gateway's launch line checked by the real
-gateway's own parser (the sglang_gateway_args module, smg from PyPI)."""
+gateway's own parser (the sglang_gateway_args module, smg from PyPI); the gateway's start leaving the drained nodes
+out (files/gateway-launch.py)."""
+import json
+import os
 import sys
 
 import pytest
 import sglang_gateway_args
 from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULTS = {'sglang_service_port': 30000, 'sglang_service_host': '127.0.0.1'}
 KEY = 'fleet-key'
 
@@ -99,3 +103,50 @@ def test_the_gateways_parser_refuses_with_its_own_words(argv, words):
 def test_no_gateway_environment_is_said():
     ok, result = sglang_gateway_args.check('/nonexistent/bin/python', ['--port', '1'])
     assert not ok and 'is the gateway environment installed' in result['parser_message']
+
+
+# ---------------------------------------------------------------- the gateway's start (files/gateway-launch.py)
+def _launcher():
+    import importlib.util
+    path = os.path.join(ROOT, 'roles', 'sglang_gateway', 'files', 'gateway-launch.py')
+    spec = importlib.util.spec_from_file_location('gateway_launch', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gateways_start_leaves_the_drained_workers_out_and_nothing_else(tmp_path, capsys):
+    launch = _launcher()
+    argv = ['/opt/glm5/gateway/bin/smg', 'launch', '--host', '0.0.0.0', '--worker-urls', 'http://a:1', 'http://b:1/',
+            '--policy', 'power_of_two', '--api-key=k']
+    drained = tmp_path / 'drained.json'
+    assert launch.drained_workers(str(drained)) == set()                      # no file: none drained
+    drained.write_text(json.dumps([{'node': 'b', 'worker': 'http://b:1', 'since': 's', 'by': 'op'}, 'junk']))
+    assert launch.without(argv, launch.drained_workers(str(drained))) == [
+        '/opt/glm5/gateway/bin/smg', 'launch', '--host', '0.0.0.0', '--worker-urls', 'http://a:1', '--policy',
+        'power_of_two', '--api-key=k']
+    assert 'http://b:1/ left out (drained)' in capsys.readouterr().err
+    # every node drained: no --worker-urls at all (nargs='+' refuses an empty list); the rest untouched
+    drained.write_text(json.dumps([{'node': n, 'worker': 'http://{0}:1'.format(n)} for n in 'ab']))
+    assert launch.without(argv, launch.drained_workers(str(drained))) == [
+        '/opt/glm5/gateway/bin/smg', 'launch', '--host', '0.0.0.0', '--policy', 'power_of_two', '--api-key=k']
+    # a file that cannot be read keeps every node in, said
+    drained.write_text('{not json')
+    assert launch.drained_workers(str(drained)) == set() and 'no node left out' in capsys.readouterr().err
+    drained.write_text('{"node": "b"}')
+    assert launch.drained_workers(str(drained)) == set()
+
+
+def test_the_gateways_start_with_fewer_than_two_workers_is_round_robin(capsys):
+    """smg 1.13 refuses to start power_of_two with fewer than two workers ("Power-of-two policy requires at least 2
+    workers"): a fleet of two with one drained, or a one-node gateway, must still start."""
+    launch = _launcher()
+    two = ['smg', 'launch', '--worker-urls', 'http://a:1', 'http://b:1', '--policy', 'power_of_two', '--port', '1']
+    assert launch.policy_for(two) == two
+    one = ['smg', 'launch', '--worker-urls', 'http://a:1', '--policy', 'power_of_two', '--port', '1']
+    assert launch.policy_for(one) == ['smg', 'launch', '--worker-urls', 'http://a:1', '--policy', 'round_robin', '--port',
+                                      '1']
+    assert '1 worker(s) to start with: round_robin' in capsys.readouterr().err
+    assert launch.policy_for(['smg', 'launch', '--policy', 'power_of_two'])[-1] == 'round_robin'
+    other = ['smg', 'launch', '--worker-urls', 'http://a:1', '--policy', 'cache_aware']
+    assert launch.policy_for(other) == other
