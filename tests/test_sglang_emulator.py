@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -47,7 +48,9 @@ class Engine(object):
         self.url = 'http://127.0.0.1:{0}'.format(self.port)
         argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
                 '--port', str(self.port), '--api-key', KEY, '--tp', '8', '--max-running-requests', '64'] + list(extra)
-        env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults)
+        # the switches it reads while it runs: a file of this engine's own (never the lab host's default)
+        self.fault_file = os.path.join(tempfile.gettempdir(), 'glm5-emulator-faults-{0}'.format(self.port))
+        env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults, GLM5_EMULATOR_FAULTS_FILE=self.fault_file)
         env.pop('GLM5_EMULATOR_SPEED', None)
         if speed is not None:
             env['GLM5_EMULATOR_SPEED'] = str(speed)
@@ -242,6 +245,21 @@ def test_loads_count_the_requests_in_flight(special):
 def test_fault_nan_is_a_repeated_token_loop(special):
     text = ask(special, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']
     assert '42' not in text and len(set(text.split())) <= 1 and len(text) >= 12
+
+
+def test_a_fault_switched_on_while_it_runs_and_off_again(engine):
+    """The fault file (a node that goes bad between deploys, no restart): read again within a second."""
+    assert '42' in ask(engine, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']
+    try:
+        with open(engine.fault_file, 'w') as fh:
+            fh.write('nan\n')
+        time.sleep(1.2)
+        text = ask(engine, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']
+        assert '42' not in text and len(set(text.split())) <= 1, text
+    finally:
+        os.remove(engine.fault_file)
+    time.sleep(1.2)
+    assert '42' in ask(engine, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']
 
 
 @pytest.mark.engine(faults='garbage')

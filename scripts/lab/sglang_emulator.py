@@ -31,7 +31,9 @@ or a refused argv go through the parser. The API key is never written there.
 Fault switches, from the environment (the unit's EnvironmentFile in the lab), comma-separated in
 GLM5_EMULATOR_FAULTS: nan (a repeated-token loop, what NaN logits produce, and NaN log-probabilities), garbage
 (replacement characters), crash-after=N (the process dies after N completed requests), slow=F (steps F times
-longer), slow-start=S (/health* answer 503 for S seconds after start).
+longer), slow-start=S (/health* answer 503 for S seconds after start). The same switches in the file
+GLM5_EMULATOR_FAULTS_FILE (default /run/glm5-emulator-faults; read again at most once a second) turn on while it
+runs: a node that goes bad between deploys (NaN after a driver update) without a restart.
 
 Speed, for tests only: GLM5_EMULATOR_SPEED=F (default 1, the seeds' pace) makes every step F times shorter, so a
 sweep takes 1/F of the time; the smoke test must then be told the same factor (sglang_smoke_speed_factor), which
@@ -142,7 +144,8 @@ class Engine(object):
     def __init__(self, args, fault_text):
         from tokenizers import Tokenizer
         self.args = args
-        self.faults = faults(fault_text)
+        self._faults, self._file_faults, self._checked = faults(fault_text), {}, 0.0
+        self.fault_file = os.environ.get('GLM5_EMULATOR_FAULTS_FILE', '/run/glm5-emulator-faults')
         self.speed = speed(os.environ.get('GLM5_EMULATOR_SPEED'))
         path = args.tokenizer_path or args.model_path
         self.tokenizer = Tokenizer.from_file(os.path.join(path, 'tokenizer.json'))
@@ -156,6 +159,19 @@ class Engine(object):
         self.wakeup = asyncio.Event()
         self.completed = 0
         self.started = time.monotonic()
+
+    @property
+    def faults(self):
+        """The environment's switches, and those in the fault file now (read at most once a second)."""
+        now = time.monotonic()
+        if self.fault_file and now - self._checked >= 1:
+            self._checked = now
+            try:
+                with open(self.fault_file) as fh:
+                    self._file_faults = faults(fh.read())
+            except OSError:
+                self._file_faults = {}
+        return dict(self._faults, **self._file_faults)
 
     def encode(self, text):
         return self.tokenizer.encode(text, add_special_tokens=False).ids
