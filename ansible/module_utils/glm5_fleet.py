@@ -13,7 +13,8 @@ import json
 import os
 
 from ansible.module_utils.glm5_plots import _pyplot, _save, plot_trend
-from ansible.module_utils.glm5_results import by_level, fmt, is_number, level_metrics, parse_jsonl, prompts_for, scaled
+from ansible.module_utils.glm5_report import merge_index
+from ansible.module_utils.glm5_results import by_level, fmt, is_number, level_metrics, prompts_for, read_jsonl, scaled
 
 SETTING_KEYS = ('levels', 'input_len', 'output_len', 'range_ratio', 'prompts_per_concurrency', 'min_prompts',
                 'tolerance', 'ttft_overhead_ms')
@@ -285,16 +286,6 @@ def index_markdown(entries):
     return '\n'.join(lines) + '\n'
 
 
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        try:
-            return parse_jsonl(fh.read())
-        except ValueError as exc:
-            raise ValueError('{0}: {1}'.format(path, exc)) from None
-
-
 def sweep_plan(settings):
     """[{per_node, concurrency, prompts}]: what the sweep sends through the gateway at each level."""
     n = len(settings['nodes'])
@@ -323,8 +314,7 @@ def write(run_dir, history_dir, run_id, started, meta, settings, probe, sweep, i
         fh.write(markdown(summary))
         fh.write(''.join('\n![{0}]({1})\n'.format(p[:-4], p) for p in plots))
     index_path = os.path.join(history_dir, 'index.jsonl')
-    entries = [e for e in read_jsonl(index_path) if e.get('run') != run_id] + [index_entry(summary)]
-    entries.sort(key=lambda e: (e.get('started') or '', e.get('run') or ''))
+    entries = merge_index(read_jsonl(index_path), index_entry(summary))
     os.makedirs(history_dir, exist_ok=True)
     with open(index_path, 'w') as fh:
         for e in entries:

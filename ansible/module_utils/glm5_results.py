@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import re
 
 # What a level reports (bench_serving's JSONL keys -> ours).
@@ -155,6 +156,17 @@ def parse_jsonl(text):
         except ValueError as exc:
             raise ValueError('line {0} is not JSON: {1}'.format(n, exc)) from None
     return out
+
+
+def read_jsonl(path):
+    """A JSON Lines file parsed ([] when there is none); a bad line names the file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        try:
+            return parse_jsonl(fh.read())
+        except ValueError as exc:
+            raise ValueError('{0}: {1}'.format(path, exc)) from None
 
 
 def level_metrics(record, concurrency, prompts):

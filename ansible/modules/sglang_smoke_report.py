@@ -66,17 +66,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.glm5_plots import plot_trend, write_report
 from ansible.module_utils.glm5_report import index_entry, index_markdown, merge_index, previous_entry
-from ansible.module_utils.glm5_results import build_summary, config_problems, evaluate, gpu_by_level, parse_jsonl, scaled
-
-
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        try:
-            return parse_jsonl(fh.read())
-        except ValueError as exc:
-            raise ValueError('{0}: {1}'.format(path, exc)) from None
+from ansible.module_utils.glm5_results import build_summary, config_problems, evaluate, gpu_by_level, read_jsonl, scaled
 
 
 SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds', 'samples',
