@@ -78,16 +78,17 @@ unit: venv
 
 lanes: lane-stack lane-ct
 
-# The full-stack node (molecule/default's, vmid 192), deployed once: site.yml, changed=0 on the second run, every
-# role's verify and the smoke test's fault modes (molecule/default/verify.yml), then the ops command against it.
+# The full-stack fleet (molecule/default's: nodes 192 and 196, the gateway 197), deployed once: site.yml, changed=0 on
+# the second run, every role's verify on the first node and the smoke test's fault modes (molecule/default/verify.yml),
+# then the rollout across both under load, the ops command against the first node (pytest -m stack).
 # A failed run leaves the node for a look; the next run destroys it first and resets the Molecule state of every
 # scenario of the lane (a scenario that still thinks it was created and prepared would skip building the node), and
-# empties the lane's own bench history (test data, never make deploy's: the checks read this run's history only).
+# empties the lane's own bench histories (test data, never make deploy's: the checks read this run's history only).
 STACK_HISTORY = $(PY) -c 'import sys; sys.path.insert(0, "tests"); import siterun; \
-	(node,) = siterun.scenario_nodes("default").values(); print(node["pve_container_bench_history_dir"])'
+	print(" ".join(hv["pve_container_bench_history_dir"] for _, hv in siterun.scenario_hosts("default").values()))'
 lane-stack: venv
 	$(call step,stack-destroy-old,bash -c '$(MOLECULE) destroy -s default && $(MOLECULE) reset -s default')
-	history="$$($(STACK_HISTORY))" && test -n "$$history" && rm -rf "$$history"
+	histories="$$($(STACK_HISTORY))" && test -n "$$histories" && rm -rf $$histories
 	$(call step,stack-molecule,env GLM5_LAB=1 $(call ansible_junit,stack-molecule) \
 		$(MOLECULE) test -s default --destroy=never)
 	$(call step,stack-pytest,$(PYTEST) -m stack --junitxml=$(REPORTS)/stack-pytest.xml)

@@ -76,24 +76,47 @@ class NodeVars(Mapping):
 _SCENARIOS = []     # [(the folder, glm5's Inventory of every scenario's hosts)]: Ansible's vault context is one a process
 
 
-def scenario_nodes(scenario):
-    """{node: NodeVars} of the inference nodes in a Molecule scenario's own inventory, as its scenario sees it
-    (molecule/<scenario>/inventory/hosts.yml: the one place a lane node's vmid is written; its ports follow from the
-    lab inventory's formulas)."""
-    import yaml
+def _scenario_inventory():
+    """glm5's Inventory of every scenario's own inventory files (molecule/<scenario>/inventory/*.yml), made once."""
     from glm5.inventory import Inventory
     if not _SCENARIOS:
         folder = tempfile.TemporaryDirectory(prefix='glm5-scenario-inventories-')
         for name in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
-            hosts = os.path.join(ROOT, 'molecule', name, 'inventory', 'hosts.yml')
-            if os.path.exists(hosts):
-                os.symlink(hosts, os.path.join(folder.name, name + '.yml'))
+            for path in scenario_inventory_files(name):
+                os.symlink(path, os.path.join(folder.name, '{0}-{1}'.format(name, os.path.basename(path))))
         os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), os.path.join(folder.name, 'group_vars'))
         _SCENARIOS.append((folder, Inventory(folder.name)))
-    inventory = _SCENARIOS[0][1]
-    with open(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')) as fh:
-        names = (yaml.safe_load(fh)['all']['children'].get('inference_nodes') or {}).get('hosts') or {}
+    return _SCENARIOS[0][1]
+
+
+def scenario_inventory_files(scenario):
+    """A scenario's own inventory files: hosts.yml (its first node: the one place a lane node's vmid is written), and
+    beside it the rest of a fleet (molecule/default's hosts_fleet.yml)."""
+    folder = os.path.join(ROOT, 'molecule', scenario, 'inventory')
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.yml')]
+
+
+def _names(path, group):
+    import yaml
+    with open(path) as fh:
+        return list((yaml.safe_load(fh)['all']['children'].get(group) or {}).get('hosts') or {})
+
+
+def scenario_nodes(scenario):
+    """{node: NodeVars} of the inference nodes in a Molecule scenario's hosts.yml, as its scenario sees it (the node the
+    role scenarios share; the ports follow from the lab inventory's formulas)."""
+    inventory = _scenario_inventory()
+    names = _names(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml'), 'inference_nodes')
     return {name: NodeVars(inventory.host_vars(name)) for name in names}
+
+
+def scenario_hosts(scenario):
+    """{host: (group, NodeVars)} of every inference node and gateway in all of a scenario's inventory files."""
+    inventory = _scenario_inventory()
+    return {name: (group, NodeVars(inventory.host_vars(name))) for path in scenario_inventory_files(scenario)
+            for group in ('inference_nodes', 'gateways') for name in _names(path, group)}
 
 
 def node_contract(name):

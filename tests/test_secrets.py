@@ -85,6 +85,22 @@ def test_no_secret_in_the_bench_history_or_the_host_side_caches(secrets):
 
 
 @pytest.mark.stack
+def test_no_secret_in_the_fleets_histories(secrets):
+    """The second node's bench history and the gateway's fleet reports (bench_serving through the gateway, its
+    probe's answers): neither the fleet's client key, the gateway's admin key, the engine's key nor the PVE password."""
+    from glm5_lab.paths import STATE
+    from siterun import scenario_hosts
+    with open(os.path.join(STATE, 'fleet', 'admin-key')) as fh:
+        admin = fh.read().strip()
+    assert len(admin) >= 32
+    tops = [hv['pve_container_bench_history_dir'] for host, (_, hv) in scenario_hosts('default').items()
+            if hv['pve_container_bench_history_dir'] != NODE['pve_container_bench_history_dir']]
+    out = scan(tops, [], secrets + [admin])
+    assert len(tops) == 2 and out['files'] >= 10, (tops, out)     # the fleet runs of converge and the rollout
+    assert out['found'] == [], out['found']
+
+
+@pytest.mark.stack
 def test_no_secret_in_the_containers_files_but_their_own(secrets):
     """Configuration, logs, homes, temporary files, the environment's own files (not its site-packages)."""
     out = scan(['/etc', '/opt/glm5', '/var/lib', '/var/log', '/var/tmp', '/tmp', '/root', '/home'],

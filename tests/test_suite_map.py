@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import yaml
-from siterun import ROOT, scenario_nodes
+from siterun import ROOT, scenario_hosts
 
 # Which lane runs each Molecule scenario's node (the Makefile's lane-stack and lane-ct).
 LANES = {'default': 'stack', 'pve_container': 'ct', 'nvidia_host_driver': 'ct', 'sglang_gateway': 'ct'}
@@ -25,12 +25,12 @@ def lab_defaults():
 
 
 def lane_nodes():
-    """[(lane, scenario, node, hostvars)] of every node a Molecule scenario's own inventory holds."""
+    """[(lane, scenario, host, group, hostvars)] of every node and gateway a Molecule scenario's own inventory holds."""
     out = []
     for scenario in sorted(os.listdir(os.path.join(ROOT, 'molecule'))):
         if os.path.exists(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml')):
-            for node, hv in scenario_nodes(scenario).items():
-                out.append((LANES[scenario], scenario, node, hv))
+            for host, (group, hv) in scenario_hosts(scenario).items():
+                out.append((LANES[scenario], scenario, host, group, hv))
     return out
 
 
@@ -53,11 +53,12 @@ def test_the_lanes_share_no_container_id_port_or_bench_history():
         assert other[0] == lane, '{0} {1} is used by {2} ({3}) and {4} ({5})'.format(
             kind, value, who, lane, other[1], other[0])
 
-    for lane, _scenario, node, hv in lane_nodes():
+    for lane, _scenario, node, group, hv in lane_nodes():
         vmid = hv['pve_container_vmid']
         claim('vmid', vmid, lane, node)
         claim('ssh port', hv['ansible_port'], lane, node)
-        claim('service port', hv['sglang_service_port'], lane, node)
+        claim('service port', hv['sglang_service_port' if group == 'inference_nodes' else 'sglang_gateway_port'],
+              lane, node)
         claim('bench history', hv.get('pve_container_bench_history_dir',
                                       defaults['pve_container_bench_history_dir']), lane, node)
         # both lanes create containers at once: one known_hosts file would be rewritten by both
@@ -84,7 +85,7 @@ def test_the_full_stack_node_runs_at_the_test_speed_and_make_deploy_at_the_seeds
     assert defaults['lab_emulator_speed'] == 1
     assert defaults['sglang_smoke_speed_factor'] == '{{ lab_emulator_speed }}'
     assert defaults['lab_sglang_service_env'] == {'GLM5_EMULATOR_SPEED': '{{ lab_emulator_speed }}'}
-    stack = [hv for lane, _, _, hv in lane_nodes() if lane == 'stack']
+    stack = [hv for lane, _, _, group, hv in lane_nodes() if lane == 'stack' and group == 'inference_nodes']
     # the node sets the emulator's speed; the smoke test's factor follows it (one variable, both places)
     assert stack and all(hv['lab_emulator_speed'] > 1 and hv['sglang_smoke_speed_factor'] == hv['lab_emulator_speed']
                          for hv in stack)

@@ -1,0 +1,176 @@
+"""site.yml's rolling deploy on make test's full-stack fleet (molecule/default: two nodes and the gateway in front of
+them, deployed and verified before this), while a load generator asks through the gateway at a steady concurrency
+(scripts/bench_fleet.py's, the one the benchmark uses): a change the first node fails stops the rollout with the
+other node serving; a flag change rolls across both, one at a time. No request may fail in either.
+
+The order matters and is the file's: the failing rollout first (from the inventory's configuration), then the flag
+change (which brings the first node back). Both nodes end on the flag change, in the gateway; the tests after this
+one run on the first node with its own inventory (a deploy there puts the inventory's configuration back)."""
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from bench_fleet import FLAG_CHANGE, Load
+from glm5.inventory import GATEWAY_CONTRACT
+from glm5_lab.paths import STATE
+from siterun import ROOT, _scenario_inventory, scenario_hosts, scenario_inventory_files, site
+
+pytestmark = pytest.mark.stack
+
+HOSTS = scenario_hosts('default')
+NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
+(GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
+# The rollouts' smoke test: the single stream on each node (this lane's other checks sweep more; these are about order
+# and no failed request, and the load beside them shares this machine's two CPUs)
+SMOKE = {'sglang_smoke_levels': [1]}
+
+
+def hv(host):
+    return HOSTS[host][1]
+
+
+def ssh(host, *cmd):
+    v = hv(host)
+    r = subprocess.run(['ssh', '-i', os.path.join(STATE, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
+                        '-o', 'UserKnownHostsFile=' + os.path.join(STATE, 'ssh', v['lab_known_hosts_name']),
+                        '-p', str(v['ansible_port']), 'root@127.0.0.1'] + list(cmd),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (host, cmd, r.stderr)
+    return r.stdout
+
+
+class Workers(threading.Thread):
+    """The gateway's healthy workers (GET /workers), every half second while a rollout runs: [(t, {url, ...})]."""
+
+    def __init__(self, url, admin):
+        super().__init__(daemon=True)
+        self.url, self.admin, self.samples, self.stop = url, admin, [], threading.Event()
+
+    def now(self):
+        req = urllib.request.Request(self.url + '/workers', headers={'Authorization': 'Bearer ' + self.admin})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return {w['url'] for w in json.load(resp)['workers'] if w.get('is_healthy')}
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.samples.append((time.time(), self.now()))
+            except OSError as err:
+                self.samples.append((time.time(), err))
+            self.stop.wait(0.5)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(15)
+
+
+@pytest.fixture(scope='module')
+def fleet(stack_node, tmp_path_factory):
+    """The whole fleet's inventory (all of molecule/default's inventory files and the lab's group_vars) and what the
+    checks read: the gateway's URL and keys, each node's worker URL, unit and environment file."""
+    path = tmp_path_factory.mktemp('fleet-inventory')
+    for f in scenario_inventory_files('default'):
+        os.symlink(f, str(path / os.path.basename(f)))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    inv = _scenario_inventory()
+    gw = inv.contract(GATEWAY, which=GATEWAY_CONTRACT)
+    nodes = {n: inv.contract(n) for n in NODES}
+    f = {'inventory': str(path), 'url': gw['url'], 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],
+         'key': hv(GATEWAY)['sglang_gateway_api_key'], 'model': hv(NODES[0])['sglang_service_served_model_name'],
+         'nodes': nodes, 'worker': {n: c['url'] for n, c in nodes.items()}}  # the lab's workers: the nodes' URLs
+    workers = Workers(f['url'], f['admin'])
+    for _ in range(60):                     # the verify put the first node back; healthy after two checks
+        if workers.now() == set(f['worker'].values()):
+            break
+        time.sleep(1)
+    assert workers.now() == set(f['worker'].values()), 'both nodes in the gateway before the rollouts'
+    return f
+
+
+def unit_state(fleet, node):
+    """(main PID, start time in µs, the unit's and environment file's text) of a node's engine."""
+    c = fleet['nodes'][node]
+    pid, start = ssh(node, 'systemctl', 'show', '--value', '-p', 'MainPID', '-p', 'ExecMainStartTimestampMonotonic',
+                     c['service']).split()
+    return int(pid), int(start), ssh(node, 'cat', c['unit'], c['env_file'])
+
+
+def rollout(fleet, extra):
+    """site.yml --tags sglang under the load, the gateway's workers watched -> (Run, Load, Workers, seconds)."""
+    with Load(fleet['url'], fleet['key'], fleet['model'], 4) as load, Workers(fleet['url'], fleet['admin']) as w:
+        time.sleep(2)
+        t0 = time.time()
+        run = site(extra, '--tags', 'sglang', inventory=fleet['inventory'], sglang=True)
+        took = time.time() - t0
+        time.sleep(2)
+    return run, load, w, took
+
+
+def out_of_gateway(w, url):
+    return [t for t, healthy in w.samples if isinstance(healthy, set) and url not in healthy]
+
+
+def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):
+    first, second = NODES
+    before = {n: unit_state(fleet, n) for n in NODES}
+    bad = dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE,
+               sglang_service_env={'GLM5_EMULATOR_SPEED': str(hv(first)['lab_emulator_speed']),
+                                   'GLM5_EMULATOR_FAULTS': 'nan'})
+    run, load, w, took = rollout(fleet, bad)
+    assert run.rc != 0, run
+    assert 'The smoke test of {0} failed'.format(first) in run.out, run
+    assert 'Rolled back to the unit and environment file that passed run' in run.out, run
+    # the first node: back on the configuration that passed (its files as before, the failed ones kept), serving
+    pid, _, files = unit_state(fleet, first)
+    assert files == before[first][2] and pid != before[first][0]
+    assert 'nan' in ssh(first, 'cat', fleet['nodes'][first]['env_file'] + fleet['nodes'][first]['failed_suffix'])
+    # the rollout stopped there: the second node was not touched
+    assert unit_state(fleet, second) == before[second], 'the rollout went on past a failed node'
+    # the failed node stays out of the gateway; the other one served every request meanwhile
+    healthy = Workers(fleet['url'], fleet['admin']).now()
+    assert healthy == {fleet['worker'][second]}, healthy
+    assert all(isinstance(h, set) and fleet['worker'][second] in h for _, h in w.samples), w.samples
+    assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
+    print('failing rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
+
+
+def fleet_runs():
+    """The gateway's fleet smoke-test runs, as its bench history's index lists them."""
+    path = os.path.join(hv(GATEWAY)['pve_container_bench_history_dir'], 'index.jsonl')
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_request(fleet, record_property):
+    first, second = NODES
+    before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
+    run, load, w, took = rollout(fleet, dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
+    assert run.rc == 0, run
+    after = {n: unit_state(fleet, n) for n in NODES}
+    flag = '--{0} {1}'.format(*next(iter(FLAG_CHANGE.items())))
+    for n in NODES:
+        assert after[n][0] != before[n][0], '{0} was not restarted'.format(n)
+        assert flag in after[n][2] and flag not in before[n][2], n
+    # one at a time, in the inventory's order: the first node back in the gateway (it was out since the failed
+    # rollout) before the second left it; at every moment a node served
+    samples = [h for _, h in w.samples]
+    assert samples and all(isinstance(h, set) and h for h in samples), samples
+    first_out, second_out = out_of_gateway(w, fleet['worker'][first]), out_of_gateway(w, fleet['worker'][second])
+    assert first_out and second_out, samples
+    assert max(first_out) < min(second_out), samples
+    assert after[first][1] < after[second][1]
+    assert Workers(fleet['url'], fleet['admin']).now() == set(fleet['worker'].values())
+    assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
+    # then the fleet smoke test through the gateway: swept (its nodes changed) and passed, both nodes counted
+    new = fleet_runs()[len(fleet_before):]
+    assert len(new) == 1 and new[0]['passed'] and sorted(new[0]['nodes']) == sorted(NODES), new
+    record_property('rollout_seconds', round(took))
+    print('flag change rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
