@@ -35,10 +35,18 @@ def cpu_busy():
     return (sum(fields) - fields[3] - fields[4]) / float(os.sysconf('SC_CLK_TCK'))
 
 
+def children_cpu():
+    """CPU seconds (user + system) of this process's finished children and theirs: a step's own controller-side work
+    (Ansible, pytest, ssh, the clients it ran), not the containers' (their processes are the lab's, not the step's)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def step(name, argv, reports=REPORTS):
     """Run argv, its output passed through and kept in logs/<name>.log; record wall time, exit code and CPU."""
     os.makedirs(os.path.join(reports, 'logs'), exist_ok=True)
-    start, busy = time.time(), cpu_busy()
+    start, busy, own = time.time(), cpu_busy(), children_cpu()
     with open(os.path.join(reports, 'logs', name + '.log'), 'wb') as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         out = sys.stdout.buffer
@@ -49,7 +57,8 @@ def step(name, argv, reports=REPORTS):
         rc = proc.wait()
     with open(os.path.join(reports, 'steps.jsonl'), 'a') as fh:
         fh.write(json.dumps({'step': name, 'start': start, 'end': time.time(), 'rc': rc,
-                             'machine_cpu_s': round(cpu_busy() - busy, 1), 'cores': os.cpu_count()}) + '\n')
+                             'machine_cpu_s': round(cpu_busy() - busy, 1), 'cores': os.cpu_count(),
+                             'own_cpu_s': round(children_cpu() - own, 1)}) + '\n')
     return rc
 
 
@@ -77,9 +86,22 @@ def playbook_name(path):
     return base.rsplit('-', 1)[0] if base.rsplit('-', 1)[-1].replace('.', '').isdigit() else base
 
 
-def collect(reports):
-    """{step: [(group, case, seconds)]}: pytest cases grouped by test file, playbook tasks by playbook run."""
+def playbook_end(path):
+    """When a playbook run ended: Ansible's junit callback names its file <playbook>-<epoch at the end>.xml."""
+    try:
+        return float(os.path.basename(path)[:-len('.xml')].rsplit('-', 1)[-1])
+    except ValueError:
+        return None
+
+
+def collect(reports, walls=None):
+    """{step: [(group, case, seconds)]}: pytest cases grouped by test file, playbook tasks by playbook run; walls
+    (a dict, when given) gets {(step, playbook run): its wall time}, from the end of the step's run before it (or the
+    step's start) to its own end. Its tasks' times do not add up to that: hosts run a task at once, and in a serial
+    play Ansible's junit callback counts a later batch's task from the first batch's start (those are left out)."""
     out = collections.defaultdict(list)
+    walls = {} if walls is None else walls
+    starts = {st['step']: st['start'] for st in read_steps(reports)}
     for path in sorted(glob.glob(os.path.join(reports, '*.xml'))):
         name = os.path.basename(path)[:-len('.xml')]
         for _, classname, case, seconds in junit_cases(path):
@@ -89,12 +111,19 @@ def collect(reports):
     for folder in sorted(glob.glob(os.path.join(reports, '*/'))):
         name = os.path.basename(folder.rstrip('/'))
         runs = collections.Counter()
-        for path in sorted(glob.glob(os.path.join(folder, '*.xml')), key=os.path.getmtime):
+        before = starts.get(name)
+        for path in sorted(glob.glob(os.path.join(folder, '*.xml')), key=lambda p: (playbook_end(p) or 0, p)):
             play = playbook_name(path)
             runs[play] += 1
             label = play if runs[play] == 1 else '{0} (run {1})'.format(play, runs[play])
+            end = playbook_end(path)
+            wall = end - before if end is not None and before is not None and end >= before else None
+            before = end if end is not None else before
+            if wall is not None:
+                walls[(name, label)] = wall
             for _, _classname, case, seconds in junit_cases(path):
-                out[name].append((label, case, seconds))
+                if wall is None or seconds <= wall:      # a serial play's later batches: not their own time
+                    out[name].append((label, case, seconds))
     return out
 
 
@@ -105,7 +134,8 @@ def fmt(seconds):
 
 def table(reports, limit=LIMIT, top=12):
     steps = read_steps(reports)
-    cases = collect(reports)
+    walls = {}
+    cases = collect(reports, walls)
     lines = []
     if steps:
         t0, t1 = min(s['start'] for s in steps), max(s['end'] for s in steps)
@@ -113,25 +143,29 @@ def table(reports, limit=LIMIT, top=12):
             fmt(t1 - t0), len(steps), '' if all(s['rc'] == 0 for s in steps) else ' (some FAILED)'))
         lines.append('')
         lines.append('The machine\'s CPU during a step counts every lane running beside it: a step at 100 % of {0} cores '
-                     'waited for CPU, not for the lab.'.format(steps[0].get('cores', '?')))
+                     'waited for CPU, not for the lab. Its own CPU is this machine\'s side of the step (Ansible, pytest, '
+                     'SSH, clients), not the containers\' (their engines and modules).'.format(steps[0].get('cores', '?')))
         lines.append('')
-        lines.append('| step | starts at | wall | rc | machine CPU busy | inside (top groups) |')
-        lines.append('|---|---:|---:|---:|---:|---|')
+        lines.append('| step | starts at | wall | rc | machine CPU busy | its own CPU | inside (top groups) |')
+        lines.append('|---|---:|---:|---:|---:|---:|---|')
         for s in steps:
             inside = collections.Counter()
             for group, _, seconds in cases.get(s['step'], []):
                 inside[group] += seconds
+            inside.update({group: wall - inside[group] for (step, group), wall in walls.items() if step == s['step']})
             top_groups = ', '.join('{0} {1}'.format(g, fmt(v)) for g, v in inside.most_common(3))
             mark = ' **over {0}**'.format(fmt(limit)) if s['end'] - s['start'] > limit else ''
             wall = max(s['end'] - s['start'], 0.001)
             busy = '{0:.0f} %'.format(100.0 * s['machine_cpu_s'] / wall / s['cores']) if 'machine_cpu_s' in s else '-'
-            lines.append('| {0} | +{1} | {2}{3} | {4} | {5} | {6} |'.format(
-                s['step'], fmt(s['start'] - t0), fmt(wall), mark, s['rc'], busy, top_groups))
+            own = fmt(s['own_cpu_s']) if 'own_cpu_s' in s else '-'
+            lines.append('| {0} | +{1} | {2}{3} | {4} | {5} | {6} | {7} |'.format(
+                s['step'], fmt(s['start'] - t0), fmt(wall), mark, s['rc'], busy, own, top_groups))
         lines.append('')
     groups = collections.Counter()
     for name, items in cases.items():
         for group, _, seconds in items:
             groups[(name, group)] += seconds
+    groups.update({key: wall - groups[key] for key, wall in walls.items()})        # a playbook run: its wall time
     if groups:
         lines.append('| step | test file / playbook run | time |')
         lines.append('|---|---|---:|')

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.stack
 HOSTS = scenario_hosts('default')
 NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
-# The rollouts' smoke test: the single stream on each node (this lane's other checks sweep more; these are about order
-# and no failed request, and the load beside them shares this machine's two CPUs)
-SMOKE = {'sglang_smoke_levels': [1]}
+# The rollouts' smoke test: the single stream on each node, two prompts (this lane's other checks sweep more; these are
+# about order and no failed request, and the load beside them shares this machine's two CPUs)
+SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sglang_smoke_prompts_per_concurrency': 2}
 
 
 def hv(host):
@@ -149,7 +149,7 @@ def fleet_runs():
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_request(fleet, record_property):
+def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_request(fleet, record_testsuite_property):
     first, second = NODES
     before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
     run, load, w, took = rollout(fleet, dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
@@ -172,5 +172,5 @@ def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_reques
     # then the fleet smoke test through the gateway: swept (its nodes changed) and passed, both nodes counted
     new = fleet_runs()[len(fleet_before):]
     assert len(new) == 1 and new[0]['passed'] and sorted(new[0]['nodes']) == sorted(NODES), new
-    record_property('rollout_seconds', round(took))
+    record_testsuite_property('fleet_rollout_seconds', round(took))
     print('flag change rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))

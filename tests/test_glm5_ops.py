@@ -138,7 +138,7 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
         ['applied' if x['applied'] else 'not applied' for x in manifest['patches']]
     assert st['drivers']['host_kernel_module'] == {'version': '580.95.05', 'open': True}
     assert st['drivers']['container_userspace'] == {'version': '580.95.05', 'cuda': '13.0'}
-    assert [g['index'] for g in st['gpus']] == list(range(8))
+    assert [g['index'] for g in st['gpus']] == list(range(NODE['pve_container_gpu_count']))
     for g in st['gpus']:
         assert g['name'] == 'NVIDIA RTX PRO 6000 Blackwell Workstation Edition' and g['power_limit_w'] == 600.0
         for key in ('utilization_gpu_pct', 'power_draw_w', 'memory_used_mib', 'memory_total_mib', 'temperature_c',

@@ -1,5 +1,6 @@
 """The suite's own map holds: tests/checks.md lists every check where make test runs it, and the two lanes that run
 side by side never share a container id, a port or a bench history (tests/README.md)."""
+import json
 import os
 import re
 import subprocess
@@ -107,19 +108,32 @@ def test_the_durations_table_adds_up_steps_tests_and_tasks(tmp_path):
     env = dict(os.environ, GLM5_TEST_REPORTS=str(tmp_path))
     r = subprocess.run([sys.executable, script, 'step', 'quick', '--', 'sh', '-c', 'exit 3'], env=env, timeout=60)
     assert r.returncode == 3                          # the step's own exit code
+    # its own CPU: the work of its process tree (here 0.3 s or more of a loop in a child of a child)
+    loop = 'import time; t = time.process_time()\nwhile time.process_time() - t < 0.3: pass'
+    busy = subprocess.run([sys.executable, script, 'step', 'busy', '--', 'sh', '-c',
+                           '{0} -c "{1}"'.format(sys.executable, loop)], env=env, timeout=60)
+    assert busy.returncode == 0
+    with open(tmp_path / 'steps.jsonl') as fh:
+        own = {json.loads(line)['step']: json.loads(line)['own_cpu_s'] for line in fh}
+    assert own['busy'] >= 0.3 and own['quick'] < 0.3, own
     (tmp_path / 'quick.xml').write_text(
         '<testsuites><testsuite name="pytest"><testcase classname="tests.test_a" name="test_x" time="400.5"/>'
         '<testcase classname="tests.test_a" name="test_y" time="1.5"/></testsuite></testsuites>')
     (tmp_path / 'quick').mkdir()
-    (tmp_path / 'quick' / 'converge-1796000000.5.xml').write_text(
-        '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Play: task" time="12.0"/>'
-        '</testsuite></testsuites>')
+    # a playbook run's time is its wall: from the step's start to its end (the epoch in its file's name); its tasks'
+    # times are theirs (two hosts at once: 5 s each in 7 s), one Ansible counted from another batch's start left out
+    start = [json.loads(line)['start'] for line in (tmp_path / 'steps.jsonl').open()][0]
+    (tmp_path / 'quick' / 'converge-{0}.xml'.format(start + 12.0)).write_text(
+        '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Play: task" time="5.0"/>'
+        '<testcase classname="x" name="[m] Play: task" time="5.0"/>'
+        '<testcase classname="x" name="[m] Play: later batch" time="40.0"/></testsuite></testsuites>')
     out = subprocess.run([sys.executable, script, 'table', str(tmp_path)], capture_output=True, text=True,
                          timeout=60).stdout
     assert '| quick | +0.0s |' in out and '| 3 |' in out and '(some FAILED)' in out, out
     assert '| quick | tests/test_a.py | 6:42 **over 5:00** |' in out, out
     assert '| quick | converge | 12.0s |' in out, out
     assert out.index('test_x') < out.index('Play: task'), out          # slowest first
+    assert 'later batch' not in out, out
 
 
 def test_each_lane_resets_the_molecule_state_of_the_scenarios_it_keeps_a_node_for():

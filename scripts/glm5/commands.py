@@ -64,15 +64,16 @@ def _fleet_node(args, inv, what):
     return Node(inv, name), gws, say
 
 
-def _gateway_timeout(args, gws, var, default):
-    return args.timeout or max(int(g.hv.get(var) or default) for g in gws)
+def _gateway_timeout(args, gws, var):
+    """--timeout, else the longest of the gateways' own bound (the variable, its default the role's: one place)."""
+    return args.timeout or max(int(g.hv.get(var)) for g in gws)
 
 
-def _membership(args, inv, what, timeout_var, default, act, done_key, error):
+def _membership(args, inv, what, timeout_var, act, done_key, error):
     """glm5 drain / undrain: act(gateways, node, timeout, say) on the node behind its gateways, then the result as
     --json asks, exit 1 with error(result, node, timeout) unless result[done_key]."""
     node, gws, say = _fleet_node(args, inv, what)
-    timeout = _gateway_timeout(args, gws, timeout_var, default)
+    timeout = _gateway_timeout(args, gws, timeout_var)
     try:
         res = act(gws, node, timeout, say)
     finally:
@@ -87,12 +88,11 @@ def _membership(args, inv, what, timeout_var, default, act, done_key, error):
 
 
 def cmd_drain(args, inv):
-    return _membership(args, inv, 'drain', 'sglang_gateway_drain_timeout', 900, fleet.drain, 'drained', fleet.drain_error)
+    return _membership(args, inv, 'drain', 'sglang_gateway_drain_timeout', fleet.drain, 'drained', fleet.drain_error)
 
 
 def cmd_undrain(args, inv):
-    return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', 120, fleet.undrain, 'healthy',
-                       fleet.undrain_error)
+    return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', fleet.undrain, 'healthy', fleet.undrain_error)
 
 
 def cmd_gpus(args, inv):
@@ -300,10 +300,10 @@ def cmd_restart(args, inv):
         stop_timeout = int(node.hv.get('sglang_service_stop_timeout')) + 60
         node.lock('glm5 restart')
         if gws:
-            drain_timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout', 900)
+            drain_timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout')
             left = fleet.drain(gws, node, drain_timeout, say, record=False)
             if not left['drained']:
-                back = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120), say,
+                back = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout'), say,
                                      record=False)
                 raise OpsError('{0}: {1} requests still in flight after {2} s out of {3}: not restarted, {4}'.format(
                     node.name, left['in_flight'], drain_timeout, ', '.join(g.name for g in gws),
@@ -338,11 +338,11 @@ def cmd_restart(args, inv):
                                                                node.contract['ready_path']))
         joined = None
         if gws and ok:
-            joined = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout', 120), say,
+            joined = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout'), say,
                                    record=False)
             if not joined['healthy']:
                 raise OpsError(fleet.undrain_error(joined, node, _gateway_timeout(
-                    args, gws, 'sglang_gateway_join_timeout', 120)))
+                    args, gws, 'sglang_gateway_join_timeout')))
     finally:
         node.unlock()
         node.close()
