@@ -11,7 +11,7 @@ try:
 except ImportError:  # a GPU machine running only tests/test_gpu_host.py has no Ansible
     pass
 
-LANE_MARKERS = ('stack', 'ct', 'host')
+LANE_MARKERS = ('stack', 'stack2', 'ct', 'host')
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -42,15 +42,25 @@ def lab_api():
     return ProxmoxAPI('127.0.0.1', port=8006, user='root@pam', password=password, verify_ssl=p['ca'])
 
 
-def lab_node_inventory(tmp_path_factory, scenario):
+def lab_node_inventory(tmp_path_factory, scenario, second=False):
     """An inventory for one of make test's lane nodes, as its Molecule scenario sees it: the scenario's hosts file
-    (molecule/<scenario>/inventory/hosts.yml, the one place its vmid and ports are written) and the lab's group_vars.
+    (molecule/<scenario>/inventory/hosts.yml, the one place its vmid and ports are written) and the lab's group_vars;
+    second: the fleet's second node alone (its entry in hosts_fleet.yml, with the PVE host: no gateway, no other node).
     -> (inventory path, node name, host variables)."""
-    from siterun import scenario_nodes
-    path = tmp_path_factory.mktemp(scenario + '-inventory')
-    os.symlink(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml'), str(path / 'hosts.yml'))
+    import yaml
+    from siterun import scenario_nodes, second_node
+    path = tmp_path_factory.mktemp(scenario + ('-second' if second else '') + '-inventory')
+    if second:
+        name, hostvars = second_node(scenario)
+        with open(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts_fleet.yml')) as fh:
+            entry = yaml.safe_load(fh)['all']['children']['inference_nodes']['hosts'][name]
+        with open(str(path / 'hosts.yml'), 'w') as fh:
+            yaml.safe_dump({'all': {'children': {'pve_hosts': {'hosts': {'pve-lab': None}},
+                                                 'inference_nodes': {'hosts': {name: entry}}}}}, fh)
+    else:
+        os.symlink(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml'), str(path / 'hosts.yml'))
+        (name, hostvars), = scenario_nodes(scenario).items()
     os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
-    (name, hostvars), = scenario_nodes(scenario).items()
     return str(path), name, hostvars
 
 
@@ -59,8 +69,8 @@ def node_status(lab_api, vmid):
     return {int(c['vmid']): c['status'] for c in lab_api.nodes('pve1').lxc.get()}.get(vmid)
 
 
-def _lane_node(lab_api, tmp_path_factory, scenario, what, how):
-    inventory, name, hostvars = lab_node_inventory(tmp_path_factory, scenario)
+def _lane_node(lab_api, tmp_path_factory, scenario, what, how, second=False):
+    inventory, name, hostvars = lab_node_inventory(tmp_path_factory, scenario, second)
     vmid = hostvars['pve_container_vmid']
     status = node_status(lab_api, vmid)
     if status != 'running':
@@ -74,6 +84,14 @@ def stack_node(lab_api, tmp_path_factory):
     """make test's full-stack node (molecule/default), deployed and verified before the tests marked `stack`."""
     return _lane_node(lab_api, tmp_path_factory, 'default', 'the full-stack node',
                       'molecule test -s default --destroy=never')
+
+
+@pytest.fixture(scope='session')
+def stack_node2(lab_api, tmp_path_factory):
+    """The full-stack fleet's second node, deployed by molecule/default, in a one-node inventory of its own: the tests
+    marked `stack2` (the ops command, the history's and the lock's faults) run on it beside the first node's verify."""
+    return _lane_node(lab_api, tmp_path_factory, 'default', "the full-stack fleet's second node",
+                      'molecule converge -s default', second=True)
 
 
 @pytest.fixture(scope='session')

@@ -112,6 +112,12 @@ def scenario_nodes(scenario):
     return {name: NodeVars(inventory.host_vars(name)) for name in names}
 
 
+def second_node(scenario):
+    """(name, NodeVars) of the second inference node of a scenario's fleet (molecule/default's hosts_fleet.yml)."""
+    name = _names(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts_fleet.yml'), 'inference_nodes')[0]
+    return name, NodeVars(_scenario_inventory().host_vars(name))
+
+
 def scenario_hosts(scenario):
     """{host: (group, NodeVars)} of every inference node and gateway in all of a scenario's inventory files."""
     inventory = _scenario_inventory()

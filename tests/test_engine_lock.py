@@ -10,9 +10,9 @@ from test_glm5_ops import GLM5, LOCK, NAME, SERVICE, glm5, hold_lock, one_line_e
 from test_glm5_ops import history_runs as runs
 
 
-@pytest.mark.stack
-def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_refuses(stack_node):
-    inventory, before = stack_node[0], runs()
+@pytest.mark.stack2
+def test_a_lock_held_too_long_fails_the_run_naming_its_holder_and_glm5_restart_refuses(stack_node2):
+    inventory, before = stack_node2[0], runs()
     hold_lock('a test holds the engine')
     try:
         run = site({'sglang_smoke_levels': [1], 'sglang_service_lock_wait': 6}, '--tags', 'smoke',

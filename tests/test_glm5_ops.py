@@ -1,8 +1,9 @@
 """glm5, the day-2 ops command (scripts/glm5/, installed by make as .venv/bin/glm5), against the lab: a real SSH
-connection through Fabric into make test's full-stack node (molecule/default's container, deployed by site.yml and
-verified before these run; the emulator serving at the test speed), the lab's PVE API and the node's bench history on
-the lab host. Every call goes through -i with the node's own inventory (its Molecule hosts file and the lab's
-group_vars). Tests that change the node put it back: the unit restarted or redeployed, healthy at the end."""
+connection through Fabric into make test's full-stack fleet's second node (molecule/default's, deployed by site.yml;
+these run beside the first node's verify; the emulator serving at the test speed), the lab's PVE API and the node's
+bench history on the lab host. Every call goes through -i with the node's own one-node inventory (its entry in the
+fleet's hosts file and the lab's group_vars). Tests that change the node put it back: the unit restarted or
+redeployed, healthy at the end."""
 import json
 import os
 import shlex
@@ -16,10 +17,10 @@ import urllib.request
 import pytest
 from glm5_lab.paths import STATE, paths
 from sglang_smoke import env_file_value
-from siterun import ROOT, node_contract, scenario_nodes, site
+from siterun import ROOT, node_contract, second_node, site
 
 GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
-(NAME, NODE), = scenario_nodes('default').items()
+NAME, NODE = second_node('default')
 VMID = NODE['pve_container_vmid']
 PORT = NODE['sglang_service_port']          # the lab inventory's formula for the stack node
 # the node's contract (sglang_service_contract): its unit, environment file, readiness, lock
@@ -96,9 +97,9 @@ def one_line_error(p, code, *words):
 
 
 @pytest.fixture(scope='module')
-def inventory(stack_node):
+def inventory(stack_node2):
     assert os.access(GLM5, os.X_OK), 'make venv installs {0}'.format(GLM5)
-    return stack_node[0]
+    return stack_node2[0]
 
 
 @pytest.fixture(scope='module')
@@ -111,7 +112,7 @@ def deployed_run(inventory):
     return runs[-1]
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     p = glm5('status', '--json', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
@@ -160,7 +161,7 @@ def test_status_of_a_healthy_node_shows_every_field(inventory, deployed_run):
     assert 'PROBLEM' not in p.out
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_back(inventory, deployed_run):
     assert ssh('systemctl', 'stop', SERVICE).returncode == 0
     try:
@@ -190,7 +191,7 @@ def test_status_of_a_stopped_unit_says_why_and_exits_1_and_restart_brings_it_bac
     assert ssh('systemctl', 'show', '-p', 'MainPID', '--value', SERVICE).stdout.strip() != before
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_status_checks_the_patched_files_not_only_the_manifest(inventory):
     """A patched file that no longer has the sha256 the deploy left is 'drifted' and a problem (exit 1); it was
     shown as applied, from the manifest alone. The file is put back at the end."""
@@ -214,7 +215,7 @@ def test_status_checks_the_patched_files_not_only_the_manifest(inventory):
     assert glm5('status', inventory=inventory).returncode == 0
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_gpus_and_watch(inventory):
     p = glm5('gpus', '--json', inventory=inventory)
     assert p.returncode == 0, p.stderr
@@ -226,7 +227,7 @@ def test_gpus_and_watch(inventory):
     assert p.out.count('{0}  '.format(NAME)) == 2 and p.out.count('power W / limit') == 2, p.out
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_logs(inventory):
     p = glm5('logs', '--lines', '200', inventory=inventory)
     assert p.returncode == 0, p.stderr
@@ -251,7 +252,7 @@ def test_logs(inventory):
         assert p.returncode == 2 and '{0} must be a number >= '.format(args[1]) in p.stderr, (args, p.stderr)
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_logs_follow_until_ctrl_c(inventory):
     p = subprocess.Popen([GLM5, '-i', inventory, 'logs', '-f', '--lines', '1'], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
@@ -272,7 +273,7 @@ def test_logs_follow_until_ctrl_c(inventory):
     assert p.returncode == 0, p.stderr.read()
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(inventory, deployed_run, tmp_path):
     p = glm5('bench', '--levels', '1,2', inventory=inventory)
     assert p.returncode == 0, (p.stdout, p.stderr)
@@ -315,7 +316,7 @@ def test_bench_writes_a_run_that_history_lists_and_compare_sets_beside_the_last(
     assert '| 1 | {0} -> '.format('{0:,.1f}'.format(one['a'])) in p.out and 'Plot: ' + out in p.out
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
     one_line_error(glm5('-n', 'nosuch', 'status', inventory=inventory), 2, "unknown node 'nosuch'", NAME)
     one_line_error(glm5('status', '-n', 'pve-lab', inventory=inventory), 2, "unknown node 'pve-lab'")
@@ -343,7 +344,7 @@ def test_bad_input_gives_one_line_and_a_non_zero_exit(inventory, tmp_path):
                    "'[127.0.0.1]:{0}' not found in known_hosts".format(NODE['ansible_port']))
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_restart_drains_a_request_in_flight(inventory):
     key = env_file_value(ssh('cat', CONTRACT['env_file']).stdout, 'SGLANG_API_KEY')
     tokens = 40 * SPEED                 # ~5 s at the node's speed: the seeds' single stream is 8.2 tok/s
@@ -369,7 +370,7 @@ def test_restart_drains_a_request_in_flight(inventory):
     assert doc['stopped_after_s'] >= 1.5, doc                                  # the stop waited for it
 
 
-@pytest.mark.stack
+@pytest.mark.stack2
 def test_a_unit_past_its_start_limit_is_reported_and_a_deploy_brings_it_back(inventory):
     """Another process on the service's port: sglang exits at every start (address in use), past StartLimitBurst
     (sglang_service_start_limit_burst: 3 in 20 minutes). A deploy's readiness wait ends as soon as the unit has

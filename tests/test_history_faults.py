@@ -20,9 +20,9 @@ from test_glm5_ops import HISTORY, LOCK, NAME, glm5, hold_lock, ssh
 from test_glm5_ops import history_runs as runs
 
 
-@pytest.mark.stack
-def test_a_history_that_cannot_be_written_still_tells_the_verdict_and_what_is_lost(stack_node):
-    inventory, before = stack_node[0], runs()
+@pytest.mark.stack2
+def test_a_history_that_cannot_be_written_still_tells_the_verdict_and_what_is_lost(stack_node2):
+    inventory, before = stack_node2[0], runs()
     index = os.path.join(HISTORY, 'index.jsonl')
     subprocess.run(['chattr', '+i', index], check=True)
     try:

@@ -1,9 +1,10 @@
-"""No secret outside its own file: after make test's full-stack node was deployed, smoke-tested, faulted, rolled back
-and benchmarked (molecule/default, then the other `stack` tests), neither the engine's API key nor the PVE password
-is in any file the package wrote - the node's host-side bench history and caches, the container's configuration,
-logs, homes and temporary files - except in a file that only its owner (and group) can read (0600, 0640 or
-stricter: the key file, the unit's environment file and its .previous/.failed copies, the journal) - nor in what
-`glm5 --json` prints. Runs after the other `stack` tests (file order), so every run of the lane is in the history."""
+"""No secret outside its own file: after make test's full-stack fleet was deployed, smoke-tested, faulted, rolled back,
+rolled out and benchmarked (molecule/default, the `stack2` tests, the rollout), neither the engine's API key, the
+gateway's admin key nor the PVE password is in any file the package wrote - each node's host-side bench history and
+caches, the gateway's fleet reports, each container's configuration, logs, homes and temporary files - except in a
+file that only its owner (and group) can read (0600, 0640 or stricter: the key file, the unit's environment file and
+its .previous/.failed copies, the journal) - nor in what `glm5 --json` prints. Runs last in the lane (file order,
+after the rollout), so every run of the lane is in the histories."""
 import json
 import os
 import shlex
@@ -11,13 +12,21 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-from glm5_lab.paths import paths
-from siterun import ROOT
-from test_glm5_ops import CONTRACT, GLM5, NODE, ssh
+from glm5_lab.paths import STATE, paths
+from siterun import _scenario_inventory, scenario_hosts
+from test_glm5_ops import GLM5
 
-with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
-    LAB = yaml.safe_load(fh)
+HOSTS = scenario_hosts('default')
+NODES = {h: hv for h, (group, hv) in HOSTS.items() if group == 'inference_nodes'}
+GATEWAYS = {h: hv for h, (group, hv) in HOSTS.items() if group == 'gateways'}
+
+
+def ssh(hv, cmd, stdin=None, timeout=120):
+    """Plain OpenSSH into a node of the fleet."""
+    return subprocess.run(['ssh', '-i', os.path.join(STATE, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
+                           '-o', 'UserKnownHostsFile=' + os.path.join(STATE, 'ssh', hv['lab_known_hosts_name']),
+                           '-p', str(hv['ansible_port']), 'root@127.0.0.1', cmd],
+                          input=stdin, capture_output=True, text=True, timeout=timeout)
 
 # The regular files under the folders given (less the folders to skip: patterns) that hold one of the secrets given on stdin,
 # each with its mode.
@@ -46,10 +55,10 @@ print(json.dumps({'files': seen, 'found': found}))
 '''
 
 
-def scan(tops, skip, secrets, container=False):
+def scan(tops, skip, secrets, container=None):
     cmd = ['python3' if container else sys.executable, '-c', SCAN, ':'.join(tops), ':'.join(skip)]
     if container:
-        p = ssh(' '.join(shlex.quote(c) for c in cmd), stdin=json.dumps(secrets), timeout=300)
+        p = ssh(container, ' '.join(shlex.quote(c) for c in cmd), stdin=json.dumps(secrets), timeout=300)
     else:
         p = subprocess.run(cmd, input=json.dumps(secrets), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -63,56 +72,57 @@ def leaks(found):
 
 @pytest.fixture(scope='module')
 def secrets(stack_node):
-    key = ssh('cat', '/var/cache/sglang/glm5/api-key')
+    hv = next(iter(NODES.values()))
+    key = ssh(hv, 'cat /var/cache/sglang/glm5/api-key')
     assert key.returncode == 0 and len(key.stdout.strip()) >= 32, key.stderr
     with open(paths()['password']) as fh:
         password = fh.read().strip()
-    assert len(password) >= 16
-    return [key.stdout.strip(), password]
+    with open(os.path.join(STATE, 'fleet', 'admin-key')) as fh:
+        admin = fh.read().strip()
+    assert len(password) >= 16 and len(admin) >= 32
+    return [key.stdout.strip(), password, admin]
 
 
 @pytest.mark.stack
-def test_no_secret_in_the_bench_history_or_the_host_side_caches(secrets):
+@pytest.mark.parametrize('node', sorted(NODES))
+def test_no_secret_in_the_bench_history_or_the_host_side_caches(secrets, node):
     """The history is 0644 files in 0755 folders on the PVE host (bench_serving's result lines, with sglang's
     /server_info in them, were the leak). uv's wheel cache (PyPI's wheels) is left out."""
-    cache = LAB['pve_container_sglang_cache_dir']
-    out = scan([NODE['pve_container_bench_history_dir'], cache, LAB['pve_container_model_cache_dir']],
+    hv = NODES[node]
+    cache = hv['pve_container_sglang_cache_dir']
+    out = scan([hv['pve_container_bench_history_dir'], cache, hv['pve_container_model_cache_dir']],
                [os.path.join(cache, 'uv')], secrets)
-    assert out['files'] >= 20, out                  # the runs of converge, idempotence, the faults, glm5 bench
+    assert out['files'] >= 20, out                  # the runs of converge, idempotence, the faults, glm5 bench, rollouts
     assert leaks(out['found']) == [], out['found']
     # the key's own file (0600, on the host side: a rebuilt container keeps its key) is seen, and is the only one
     assert [path for path, _ in out['found']] == [os.path.join(cache, 'glm5', 'api-key')], out['found']
 
 
 @pytest.mark.stack
-def test_no_secret_in_the_fleets_histories(secrets):
-    """The second node's bench history and the gateway's fleet reports (bench_serving through the gateway, its
-    probe's answers): neither the fleet's client key, the gateway's admin key, the engine's key nor the PVE password."""
-    from glm5_lab.paths import STATE
-    from siterun import scenario_hosts
-    with open(os.path.join(STATE, 'fleet', 'admin-key')) as fh:
-        admin = fh.read().strip()
-    assert len(admin) >= 32
-    tops = [hv['pve_container_bench_history_dir'] for host, (_, hv) in scenario_hosts('default').items()
-            if hv['pve_container_bench_history_dir'] != NODE['pve_container_bench_history_dir']]
-    out = scan(tops, [], secrets + [admin])
-    assert len(tops) == 2 and out['files'] >= 10, (tops, out)     # the fleet runs of converge and the rollout
+def test_no_secret_in_the_gateways_fleet_reports(secrets):
+    """The gateway's bench history: the fleet smoke tests' reports (bench_serving through the gateway, its probe)."""
+    tops = [hv['pve_container_bench_history_dir'] for hv in GATEWAYS.values()]
+    out = scan(tops, [], secrets)
+    assert tops and out['files'] >= 10, (tops, out)     # the fleet runs of converge and the rollout
     assert out['found'] == [], out['found']
 
 
 @pytest.mark.stack
-def test_no_secret_in_the_containers_files_but_their_own(secrets):
+@pytest.mark.parametrize('node', sorted(NODES))
+def test_no_secret_in_the_containers_files_but_their_own(secrets, node):
     """Configuration, logs, homes, temporary files, the environment's own files (not its site-packages)."""
     out = scan(['/etc', '/opt/glm5', '/var/lib', '/var/log', '/var/tmp', '/tmp', '/root', '/home'],
-               ['/opt/glm5/sglang.d/*/lib', '/var/lib/apt', '/var/lib/dpkg'], secrets, container=True)
+               ['/opt/glm5/sglang.d/*/lib', '/var/lib/apt', '/var/lib/dpkg'], secrets, container=NODES[node])
     assert out['files'] >= 200, out
     assert leaks(out['found']) == [], out['found']
-    assert CONTRACT['env_file'] in [path for path, _ in out['found']], out['found']   # the scan sees it
+    env_file = _scenario_inventory().contract(node)['env_file']
+    assert env_file in [path for path, _ in out['found']], out['found']   # the scan sees it
 
 
 @pytest.mark.stack
-def test_no_secret_in_what_glm5_prints(secrets, stack_node):
-    for args in (['status', '--json'], ['history', '--json'], ['gpus', '--json']):
-        p = subprocess.run([GLM5, '-i', stack_node[0]] + args, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, (args, p.stderr)
-        assert not [s for s in secrets if s in p.stdout + p.stderr], args
+def test_no_secret_in_what_glm5_prints(secrets, stack_node, stack_node2):
+    for inventory in (stack_node[0], stack_node2[0]):
+        for args in (['status', '--json'], ['history', '--json'], ['gpus', '--json']):
+            p = subprocess.run([GLM5, '-i', inventory] + args, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, (args, p.stderr)
+            assert not [s for s in secrets if s in p.stdout + p.stderr], args
