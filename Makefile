@@ -113,7 +113,7 @@ lane-ct: venv
 	$(call ct_step,ct-pytest,$(PYTEST) -m ct --junitxml=$(REPORTS)/ct-pytest.xml)
 	$(call ct_step,host-driver-molecule,env GLM5_LAB=1 $(call ansible_junit,host-driver-molecule) \
 		$(MOLECULE) test -s nvidia_host_driver)
-	$(call ct_step,lab-pytest,$(PYTEST) -m 'lab and not stack and not ct and not host' --junitxml=$(REPORTS)/lab-pytest.xml)
+	$(call ct_step,lab-pytest,$(PYTEST) -m 'lab and not stack and not stack2 and not ct and not host' --junitxml=$(REPORTS)/lab-pytest.xml)
 	$(call ct_step,sglang-pytest,$(PYTEST) -m 'sglang' -n 2 --dist loadfile --junitxml=$(REPORTS)/sglang-pytest.xml)
 	$(call ct_step,gateway-molecule,env GLM5_LAB=1 $(call ansible_junit,gateway-molecule) \
 		$(MOLECULE) test -s sglang_gateway)

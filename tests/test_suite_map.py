@@ -164,6 +164,21 @@ def test_each_lane_resets_the_molecule_state_of_the_scenarios_it_keeps_a_node_fo
                         assert sequence[0] == 'destroy', '{0}: {1} starts with {2}'.format(lane, scenario, sequence[0])
 
 
+def test_each_kind_of_lab_test_runs_in_exactly_one_step_of_make_test():
+    """A marker the lane-ct's catch-all step did not leave out ran the second node's tests there too, at the same time
+    as their own step on the same node (each waiting for the other's engine lock)."""
+    from _pytest.mark.expression import Expression
+    from conftest import LANE_MARKERS
+    dry = subprocess.run(['make', '-n', '--no-print-directory', 'lanes', 'host-checks'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    expressions = [m.group(1) or m.group(2) for m in re.finditer(r"pytest .*?-m (?:'([^']+)'|(\w+))", dry.stdout)]
+    assert len(expressions) >= 6, expressions
+    for marks in [{'lab', m} for m in LANE_MARKERS] + [{'lab'}, {'sglang'}]:
+        steps = [e for e in expressions if Expression.compile(e).evaluate(lambda name, marks=marks: name in marks)]
+        assert len(steps) == 1, '{0}: selected by {1}'.format(sorted(marks), steps)
+
+
 def test_durations_are_written_as_minutes_and_seconds():
     """119.6 s was written 1:00 (the minutes truncated, the seconds rounded)."""
     import suite_durations
