@@ -21,7 +21,7 @@ OUT = os.path.join(ROOT, 'tests', 'checks.md')
 PYTEST_LANES = [
     ('gpu', 'only on a machine with an NVIDIA GPU (never in CI)', 'the real GPU'),
     ('host', 'make test: host-checks, alone after the lanes', 'container-stage node (CT 190)'),
-    ('stack2', "make test: full-stack lane, beside molecule/default's verify", "full-stack fleet's second node (CT 196)"),
+    ('stack2', 'make test: full-stack lane, after molecule/default', "full-stack fleet's second node (CT 196)"),
     ('stack', 'make test: full-stack lane, after molecule/default', 'full-stack fleet (CTs 192, 196, 197)'),
     ('ct', 'make test: container-stage lane, first (site.yml deploys the node)', 'container-stage node (CT 190)'),
     ('sglang', 'make test: container-stage lane, last', "each profile's sglang in a venv on this machine"),

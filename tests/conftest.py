@@ -89,7 +89,7 @@ def stack_node(lab_api, tmp_path_factory):
 @pytest.fixture(scope='session')
 def stack_node2(lab_api, tmp_path_factory):
     """The full-stack fleet's second node, deployed by molecule/default, in a one-node inventory of its own: the tests
-    marked `stack2` (the ops command, the history's and the lock's faults) run on it beside the first node's verify."""
+    marked `stack2` (the ops command, the history's and the lock's faults) run on it after the first node's verify."""
     return _lane_node(lab_api, tmp_path_factory, 'default', "the full-stack fleet's second node",
                       'molecule converge -s default', second=True)
 

@@ -1,6 +1,6 @@
 """glm5, the day-2 ops command (scripts/glm5/, installed by make as .venv/bin/glm5), against the lab: a real SSH
 connection through Fabric into make test's full-stack fleet's second node (molecule/default's, deployed by site.yml;
-these run beside the first node's verify; the emulator serving at the test speed), the lab's PVE API and the node's
+these run after the scenario's verify; the emulator serving at the test speed), the lab's PVE API and the node's
 bench history on the lab host. Every call goes through -i with the node's own one-node inventory (its entry in the
 fleet's hosts file and the lab's group_vars). Tests that change the node put it back: the unit restarted or
 redeployed, healthy at the end."""
