@@ -76,7 +76,7 @@ class NodeVars(Mapping):
 _SCENARIOS = []     # [(the folder, glm5's Inventory of every scenario's hosts)]: Ansible's vault context is one a process
 
 
-def _scenario_inventory():
+def scenario_inventory():
     """glm5's Inventory of every scenario's own inventory files (molecule/<scenario>/inventory/*.yml), made once."""
     from glm5.inventory import Inventory
     if not _SCENARIOS:
@@ -107,7 +107,7 @@ def _names(path, group):
 def scenario_nodes(scenario):
     """{node: NodeVars} of the inference nodes in a Molecule scenario's hosts.yml, as its scenario sees it (the node the
     role scenarios share; the ports follow from the lab inventory's formulas)."""
-    inventory = _scenario_inventory()
+    inventory = scenario_inventory()
     names = _names(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts.yml'), 'inference_nodes')
     return {name: NodeVars(inventory.host_vars(name)) for name in names}
 
@@ -115,12 +115,12 @@ def scenario_nodes(scenario):
 def second_node(scenario):
     """(name, NodeVars) of the second inference node of a scenario's fleet (molecule/default's hosts_fleet.yml)."""
     name = _names(os.path.join(ROOT, 'molecule', scenario, 'inventory', 'hosts_fleet.yml'), 'inference_nodes')[0]
-    return name, NodeVars(_scenario_inventory().host_vars(name))
+    return name, NodeVars(scenario_inventory().host_vars(name))
 
 
 def scenario_hosts(scenario):
     """{host: (group, NodeVars)} of every inference node and gateway in all of a scenario's inventory files."""
-    inventory = _scenario_inventory()
+    inventory = scenario_inventory()
     return {name: (group, NodeVars(inventory.host_vars(name))) for path in scenario_inventory_files(scenario)
             for group in ('inference_nodes', 'gateways') for name in _names(path, group)}
 

@@ -4,8 +4,8 @@ them, deployed and verified before this), while a load generator asks through th
 other node serving; a flag change rolls across both, one at a time. No request may fail in either.
 
 The order matters and is the file's: the failing rollout first (from the inventory's configuration), then the flag
-change (which brings the first node back). Both nodes end on the flag change, in the gateway; the tests after this
-one run on the first node with its own inventory (a deploy there puts the inventory's configuration back)."""
+change (which brings the first node back). Both nodes end on the flag change, in the gateway; only the secrets
+audit runs after this one."""
 import json
 import os
 import subprocess
@@ -17,7 +17,7 @@ import pytest
 from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
 from glm5_lab.paths import STATE
-from siterun import ROOT, _scenario_inventory, scenario_hosts, scenario_inventory_files, site
+from siterun import ROOT, scenario_hosts, scenario_inventory, scenario_inventory_files, site
 
 pytestmark = pytest.mark.stack
 
@@ -80,7 +80,7 @@ def fleet(stack_node, tmp_path_factory):
     for f in scenario_inventory_files('default'):
         os.symlink(f, str(path / os.path.basename(f)))
     os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
-    inv = _scenario_inventory()
+    inv = scenario_inventory()
     gw = inv.contract(GATEWAY, which=GATEWAY_CONTRACT)
     nodes = {n: inv.contract(n) for n in NODES}
     f = {'inventory': str(path), 'url': gw['url'], 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from glm5_lab.paths import STATE, paths
-from siterun import _scenario_inventory, scenario_hosts
+from siterun import scenario_hosts, scenario_inventory
 from test_glm5_ops import GLM5
 
 HOSTS = scenario_hosts('default')
@@ -115,7 +115,7 @@ def test_no_secret_in_the_containers_files_but_their_own(secrets, node):
                ['/opt/glm5/sglang.d/*/lib', '/var/lib/apt', '/var/lib/dpkg'], secrets, container=NODES[node])
     assert out['files'] >= 200, out
     assert leaks(out['found']) == [], out['found']
-    env_file = _scenario_inventory().contract(node)['env_file']
+    env_file = scenario_inventory().contract(node)['env_file']
     assert env_file in [path for path, _ in out['found']], out['found']   # the scan sees it
 
 
