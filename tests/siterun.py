@@ -7,8 +7,20 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
+from glm5_lab.paths import STATE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
+
+
+def node_ssh(hostvars, *cmd, stdin=None, timeout=120):
+    """Plain OpenSSH into a lab container, as the lab's inventory reaches it (its port, its known_hosts file): not a
+    command under test. cmd is ssh's remote command (words, joined by the remote shell)."""
+    keys = os.path.join(STATE, 'ssh')
+    return subprocess.run(['ssh', '-i', os.path.join(keys, 'id_ed25519'), '-o', 'BatchMode=yes',
+                           '-o', 'UserKnownHostsFile=' + os.path.join(keys, hostvars['lab_known_hosts_name']),
+                           '-p', str(hostvars['ansible_port']), 'root@127.0.0.1', *cmd],
+                          input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 class Run(object):

@@ -8,7 +8,6 @@ change (which brings the first node back). Both nodes end on the flag change, in
 audit runs after this one."""
 import json
 import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -16,8 +15,7 @@ import urllib.request
 import pytest
 from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
-from glm5_lab.paths import STATE
-from siterun import ROOT, scenario_hosts, scenario_inventory, scenario_inventory_files, site
+from siterun import ROOT, node_ssh, scenario_hosts, scenario_inventory, scenario_inventory_files, site
 
 pytestmark = pytest.mark.stack
 
@@ -34,11 +32,7 @@ def hv(host):
 
 
 def ssh(host, *cmd):
-    v = hv(host)
-    r = subprocess.run(['ssh', '-i', os.path.join(STATE, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
-                        '-o', 'UserKnownHostsFile=' + os.path.join(STATE, 'ssh', v['lab_known_hosts_name']),
-                        '-p', str(v['ansible_port']), 'root@127.0.0.1'] + list(cmd),
-                       capture_output=True, text=True, timeout=60)
+    r = node_ssh(hv(host), *cmd, timeout=60)
     assert r.returncode == 0, (host, cmd, r.stderr)
     return r.stdout
 

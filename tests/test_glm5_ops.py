@@ -15,9 +15,9 @@ import time
 import urllib.request
 
 import pytest
-from glm5_lab.paths import STATE, paths
+from glm5_lab.paths import paths
 from sglang_smoke import env_file_value
-from siterun import ROOT, node_contract, second_node, site
+from siterun import ROOT, node_contract, node_ssh, second_node, site
 
 GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
 NAME, NODE = second_node('default')
@@ -63,11 +63,7 @@ def glm5(*args, inventory=None, timeout=900):
 
 def ssh(*cmd, stdin=None, timeout=120):
     """Plain OpenSSH into the node (not the command under test)."""
-    state = STATE
-    return subprocess.run(['ssh', '-i', os.path.join(state, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
-                           '-o', 'UserKnownHostsFile=' + os.path.join(state, 'ssh', NODE['lab_known_hosts_name']),
-                           '-p', str(NODE['ansible_port']), 'root@127.0.0.1'] + list(cmd),
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
+    return node_ssh(NODE, *cmd, stdin=stdin, timeout=timeout)
 
 
 LOCK = CONTRACT['lock_unit']      # the engine's lock in the container (sglang_service's tasks/lock.yml)

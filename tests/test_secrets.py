@@ -13,20 +13,13 @@ import sys
 
 import pytest
 from glm5_lab.paths import STATE, paths
-from siterun import scenario_hosts, scenario_inventory
+from siterun import node_ssh, scenario_hosts, scenario_inventory
 from test_glm5_ops import GLM5
 
 HOSTS = scenario_hosts('default')
 NODES = {h: hv for h, (group, hv) in HOSTS.items() if group == 'inference_nodes'}
 GATEWAYS = {h: hv for h, (group, hv) in HOSTS.items() if group == 'gateways'}
 
-
-def ssh(hv, cmd, stdin=None, timeout=120):
-    """Plain OpenSSH into a node of the fleet."""
-    return subprocess.run(['ssh', '-i', os.path.join(STATE, 'ssh', 'id_ed25519'), '-o', 'BatchMode=yes',
-                           '-o', 'UserKnownHostsFile=' + os.path.join(STATE, 'ssh', hv['lab_known_hosts_name']),
-                           '-p', str(hv['ansible_port']), 'root@127.0.0.1', cmd],
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
 
 # The regular files under the folders given (less the folders to skip: patterns) that hold one of the secrets given on stdin,
 # each with its mode.
@@ -58,7 +51,7 @@ print(json.dumps({'files': seen, 'found': found}))
 def scan(tops, skip, secrets, container=None):
     cmd = ['python3' if container else sys.executable, '-c', SCAN, ':'.join(tops), ':'.join(skip)]
     if container:
-        p = ssh(container, ' '.join(shlex.quote(c) for c in cmd), stdin=json.dumps(secrets), timeout=300)
+        p = node_ssh(container, ' '.join(shlex.quote(c) for c in cmd), stdin=json.dumps(secrets), timeout=300)
     else:
         p = subprocess.run(cmd, input=json.dumps(secrets), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -73,7 +66,7 @@ def leaks(found):
 @pytest.fixture(scope='module')
 def secrets(stack_node):
     hv = next(iter(NODES.values()))
-    key = ssh(hv, 'cat /var/cache/sglang/glm5/api-key')
+    key = node_ssh(hv, 'cat /var/cache/sglang/glm5/api-key')
     assert key.returncode == 0 and len(key.stdout.strip()) >= 32, key.stderr
     with open(paths()['password']) as fh:
         password = fh.read().strip()
