@@ -141,6 +141,17 @@ def test_api_key_and_health(engine):
     assert info['version'] == '0.5.12.post1' and info['max_running_requests'] == 64
 
 
+def test_it_listens_with_uvicorns_backlog_as_sglang_does(engine):
+    """sglang serves through uvicorn (listen backlog 2048); with aiohttp's 128 a gateway opening hundreds of connections
+    at once overflowed the queue, and every refused SYN came back a second later into the gateway's p99 TTFT."""
+    listening = subprocess.run(['ss', '-ltnH', 'sport = :{0}'.format(engine.port)], capture_output=True, text=True,
+                               check=True).stdout.split()
+    with open('/proc/sys/net/core/somaxconn') as fh:
+        cap = int(fh.read())
+    # a listening socket's Send-Q column is its backlog (the kernel caps it at somaxconn)
+    assert listening[0] == 'LISTEN' and int(listening[2]) == min(2048, cap), listening
+
+
 def test_a_key_that_begins_with_a_dash_reaches_the_engine_whole(python, model):
     """secrets.token_urlsafe gives a key that begins with '-' once in 64: sglang's argparse takes `--api-key -x...`
     for a missing value and an option; the unit passes --api-key=<key>, which it takes whole."""

@@ -499,12 +499,18 @@ def build_app(args, engine):
     return app
 
 
+LISTEN_BACKLOG = 2048    # uvicorn.Config's default, what sglang.launch_server listens with
+
+
 async def serve(args):
     from aiohttp import web
     engine = Engine(args, os.environ.get('GLM5_EMULATOR_FAULTS', ''))
     runner = web.AppRunner(build_app(args, engine), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
+    # sglang serves through uvicorn, whose listen backlog is 2048 (sglang passes none); aiohttp's own is 128, and a
+    # gateway that opens hundreds of connections to a node at once overflowed it: each refused SYN is sent again only
+    # after a second, which the gateway's p99 TTFT then carried (scripts/bench_gateway.py counts ListenOverflows)
+    await web.TCPSite(runner, args.host, args.port, backlog=LISTEN_BACKLOG).start()
     print('sglang-emulator: serving {0} on http://{1}:{2} (faults: {3}, speed x{4:g})'.format(
         args.served_model_name or args.model_path, args.host, args.port, engine.faults or 'none', engine.speed),
         flush=True)
