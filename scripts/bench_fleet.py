@@ -36,13 +36,11 @@ import time
 import urllib.error
 import urllib.request
 
+from bench_gateway import bench, overhead
 from glm5.inventory import DEFAULT_INVENTORY, GATEWAY_CONTRACT, Inventory
 from glm5.project import ROOT
 
 PLAYBOOK = os.path.join(ROOT, '.venv', 'bin', 'ansible-playbook')
-# sglang's native /generate: bench_serving's OpenAI backend sends best_of with stream, which smg 1.13 refuses (400
-# "best_of is not supported when stream is enabled"); the same backend for the node and the gateway
-BACKEND = 'sglang'
 # The rollouts' smoke test: one level (64, the production prompts per level and gates), not the full sweep
 SMOKE = {'sglang_smoke_levels': [64]}
 # A flag change every node restarts for (sglang's watchdog, harmless on the emulator)
@@ -59,22 +57,6 @@ def lab():
             'key': first.get('sglang_service_api_key'), 'nodes': nodes, 'metrics': gw['metrics_url'],
             'node_urls': [inv.contract(n)['url'] for n in nodes], 'model': first.get('sglang_service_served_model_name'),
             'tokenizer': first.get('lab_stand_in_model_dir'), 'ssh': {n: inv.host_vars(n) for n in nodes}}
-
-
-def bench(python, url, key, model, tokenizer, concurrency, prompts):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, 'r.jsonl')
-        cmd = [python, '-m', 'sglang.bench_serving', '--backend', BACKEND, '--base-url', url, '--model', model,
-               '--tokenizer', tokenizer, '--dataset-name', 'random-ids', '--random-input-len', '256',
-               '--random-output-len', '128', '--random-range-ratio', '0.0', '--num-prompts', str(prompts),
-               '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', '1', '--output-file', out]
-        env = dict(os.environ, OPENAI_API_KEY=key, HF_HUB_OFFLINE='1')
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if r.returncode != 0 or not os.path.exists(out):
-            sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-2000:]))
-        with open(out) as fh:
-            line = json.loads(fh.read().splitlines()[-1])
-    return {'tok_s': line['total_throughput'], 'p99_ttft_ms': line['p99_ttft_ms'], 'failed': prompts - line['completed']}
 
 
 class Load(object):
@@ -191,26 +173,19 @@ def main():
             c = args.concurrency
             # both nodes at C/2 at once, each by its own client: the same engines' and clients' load on this
             # machine's CPUs as through the gateway, so the difference is the gateway's
-            halves = {}
-            threads = [threading.Thread(target=lambda u=u: halves.__setitem__(u, bench(
-                args.python, u, fleet['key'], fleet['model'], fleet['tokenizer'], c // 2,
-                c // 2 * args.prompts_per_concurrency))) for u in fleet['node_urls']]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            half = max(halves.values(), key=lambda r: r['p99_ttft_ms'])
-            half['tok_s'] = sum(r['tok_s'] for r in halves.values())
-            half['failed'] = sum(r['failed'] for r in halves.values())
-            through = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], c,
-                            c * args.prompts_per_concurrency)
+            r = overhead(args.python, fleet['node_urls'], fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'],
+                         c, args.prompts_per_concurrency)
+            through = r['through']
             rows += [('both nodes direct at once, concurrency {0} each'.format(c // 2),
-                      '{0:,.0f} tok/s'.format(half['tok_s']),
-                      'p99 TTFT {0:,.0f} ms (the slower node), {1} failed'.format(half['p99_ttft_ms'], half['failed'])),
+                      '{0:,.0f} tok/s'.format(sum(d['tok_s'] for d in r['direct'])),
+                      'p99 TTFT {0:,.0f} ms (the slower node), {1} failed'.format(
+                          max(d['p99_ttft_ms'] for d in r['direct']), sum(d['failed'] for d in r['direct']))),
                      ('gateway, 2 nodes, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(through['tok_s']),
                       'p99 TTFT {0:,.0f} ms, {1} failed'.format(through['p99_ttft_ms'], through['failed'])),
                      ('gateway p99 TTFT overhead at {0} (need <= 50 ms)'.format(c),
-                      '{0:+,.0f} ms'.format(through['p99_ttft_ms'] - half['p99_ttft_ms']), '')]
+                      '{0:+,.0f} ms'.format(r['overhead_ms']),
+                      'connections refused by a full listen queue: {0} direct, {1} through the gateway'.format(
+                          *r['overflows']))]
         if 'rolling' not in skip:
             with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
                 there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""The p99 TTFT the gateway adds, on any machine (by hand, not in CI): two engine emulators and the real gateway, here.
+
+    python scripts/bench_gateway.py [--concurrency 128,512,1024] [--python PY] [--smg SMG] [--tokenizer DIR]
+
+What it starts, all on 127.0.0.1 and torn down at the end: two engine emulators (scripts/lab/sglang_emulator.py at
+the seeds' pace: GLM5_EMULATOR_SPEED unset, --max-running-requests 1024, an API key, the lab's stand-in tokenizer
+made by scripts/lab/stand_in_model.py in a temporary folder unless --tokenizer names one) and SGLang's model
+gateway (`smg launch`) in front of both, with the flags roles/sglang_gateway deploys: its vars/main.yml flag set
+rendered with its defaults/main.yml (policy, health checks, retries, circuit breaker, timeouts), only the
+addresses, the worker URLs and the keys put in here.
+
+What it measures, at each C of --concurrency, as scripts/bench_fleet.py's 'overhead' part does on the lab's fleet:
+sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf,
+seed 1, C x --prompts-per-concurrency prompts) first against both nodes directly at C/2 each, at the same time (one
+client each: the load the gateway gives each node), then through the gateway at C. The overhead is the gateway's p99
+TTFT less the slower node's direct p99 TTFT (the issue's bar: <= 50 ms at 1,024). Also printed: both runs' total
+tok/s (direct: the two nodes' sum), failed requests, and the connections the kernel refused over each run because a
+listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again only after a second).
+
+The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
+parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
+beside --python, else on PATH, else `--python -m smg`). Everything shares this machine's CPUs: on a small machine
+the engines, the clients and the gateway saturate them together, and the overhead measured is theirs too; the table
+says how many CPUs it ran on.
+"""
+import argparse
+import json
+import os
+import resource
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')
+STAND_IN_MODEL = os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py')
+GATEWAY_ROLE = os.path.join(ROOT, 'roles', 'sglang_gateway')
+# sglang's native /generate, as bench_fleet.py (smg 1.13 refuses the OpenAI backend's best_of with stream)
+BACKEND = 'sglang'
+MODEL = 'glm-5'
+# the gateway flags set here, not from the role: where it listens, its workers, its keys
+PLACED = ('host', 'port', 'worker-urls', 'prometheus-host', 'prometheus-port', 'api-key', 'control-plane-api-keys')
+BAR_MS = 50
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def gateway_flags():
+    """roles/sglang_gateway's __sglang_gateway_flags rendered with its defaults, less the PLACED flags."""
+    import jinja2
+    import yaml
+    with open(os.path.join(GATEWAY_ROLE, 'defaults', 'main.yml')) as fh:
+        defaults = yaml.safe_load(fh)
+    with open(os.path.join(GATEWAY_ROLE, 'vars', 'main.yml')) as fh:
+        flags = yaml.safe_load(fh)['__sglang_gateway_flags']
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    out = {}
+    for key, value in flags.items():
+        if key in PLACED:
+            continue
+        out[key] = env.from_string(value).render(defaults) if isinstance(value, str) else value
+    return out, defaults['sglang_gateway_version']
+
+
+def argv_of(flags):
+    """As the role's sglang_argv filter: --flag value, --flag for true, --flag v1 v2 for a list."""
+    argv = []
+    for key, value in flags.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append('--' + key)
+        elif isinstance(value, list):
+            argv += ['--' + key] + [str(v) for v in value]
+        else:
+            argv += ['--' + key, str(value)]
+    return argv
+
+
+def get(url, key=None, timeout=5):
+    req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + key} if key else {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, resp.read()
+
+
+def wait_for(what, check, procs, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                sys.exit('{0} exited ({1}) while waiting for {2}: see its log'.format(name, p.returncode, what))
+        try:
+            if check():
+                return time.time() - t0
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    sys.exit('{0}: not ready after {1} s'.format(what, timeout))
+
+
+def listen_overflows():
+    """The kernel's count of connections a full listen queue refused (TcpExt ListenOverflows), or None."""
+    try:
+        with open('/proc/net/netstat') as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith('TcpExt:') and 'ListenOverflows' in names.split():
+            return int(values.split()[names.split().index('ListenOverflows')])
+    return None
+
+
+def overflows_since(before):
+    after = listen_overflows()
+    return None if before is None or after is None else after - before
+
+
+def bench(python, url, key, model, tokenizer, concurrency, prompts):
+    """One sglang.bench_serving run (the benchmarks' one: scripts/bench_fleet.py calls it too): total tok/s, p99 TTFT,
+    failed requests."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'r.jsonl')
+        cmd = [python, '-m', 'sglang.bench_serving', '--backend', BACKEND, '--base-url', url, '--model', model,
+               '--tokenizer', tokenizer, '--dataset-name', 'random-ids', '--random-input-len', '256',
+               '--random-output-len', '128', '--random-range-ratio', '0.0', '--num-prompts', str(prompts),
+               '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', '1', '--output-file', out]
+        env = dict(os.environ, OPENAI_API_KEY=key, HF_HUB_OFFLINE='1')
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0 or not os.path.exists(out):
+            sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-3000:]))
+        with open(out) as fh:
+            line = json.loads(fh.read().splitlines()[-1])
+    return {'tok_s': line['total_throughput'], 'p99_ttft_ms': line['p99_ttft_ms'], 'failed': prompts - line['completed']}
+
+
+def overhead(python, nodes, gateway, key, model, tokenizer, c, per):
+    """The nodes directly at C/n each, all at once (one client each: the load the gateway gives each node), then the
+    gateway at C; the overhead is the gateway's p99 TTFT less the slowest node's."""
+    direct = {}
+    before = listen_overflows()
+    share = c // len(nodes)
+    threads = [threading.Thread(target=lambda u=u: direct.__setitem__(u, bench(
+        python, u, key, model, tokenizer, share, share * per))) for u in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(direct) != len(nodes):
+        sys.exit('a direct run failed at concurrency {0}'.format(c))
+    direct_overflows = overflows_since(before)
+    before = listen_overflows()
+    through = bench(python, gateway, key, model, tokenizer, c, c * per)
+    through_overflows = overflows_since(before)
+    slower = max(direct[u]['p99_ttft_ms'] for u in nodes)
+    return {'c': c, 'direct': [direct[u] for u in nodes], 'through': through,
+            'overhead_ms': through['p99_ttft_ms'] - slower, 'overflows': (direct_overflows, through_overflows)}
+
+
+def table(rows):
+    head = ['C', 'node 1 direct p99 TTFT', 'node 2 direct p99 TTFT', 'gateway p99 TTFT',
+            'overhead (need <= {0} ms)'.format(BAR_MS), 'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
+            'failed gateway', 'listen overflows direct / gateway']
+    lines = []
+    for r in rows:
+        d1, d2 = r['direct']
+        lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), '{0:,.0f} ms'.format(d1['p99_ttft_ms']),
+                      '{0:,.0f} ms'.format(d2['p99_ttft_ms']), '{0:,.0f} ms'.format(r['through']['p99_ttft_ms']),
+                      '{0:+,.0f} ms {1}'.format(r['overhead_ms'], 'met' if r['overhead_ms'] <= BAR_MS else 'NOT met'),
+                      '{0:,.0f}'.format(d1['tok_s'] + d2['tok_s']), '{0:,.0f}'.format(r['through']['tok_s']),
+                      str(d1['failed'] + d2['failed']), str(r['through']['failed']),
+                      ' / '.join('n/a' if n is None else str(n) for n in r['overflows'])])
+    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
+    for i, line in enumerate([head] + lines):
+        print('| ' + ' | '.join(x.ljust(w) for x, w in zip(line, widths, strict=True)) + ' |')
+        if i == 0:
+            print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+
+
+def default_smg(python):
+    beside = os.path.join(os.path.dirname(python), 'smg')
+    if os.path.exists(beside):
+        return [beside]
+    found = shutil.which('smg')
+    return [found] if found else [python, '-m', 'smg']
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--concurrency', default='1024',
+                    help='through the gateway, comma-separated (C/2 a node directly; default 1024)')
+    ap.add_argument('--prompts-per-concurrency', type=int, default=2, help='prompts per run: C times this (default 2)')
+    ap.add_argument('--python', default=sys.executable, help='a Python that imports sglang (default: this one)')
+    ap.add_argument('--smg', default=None, help='the gateway command (default: smg beside --python, on PATH, or -m smg)')
+    ap.add_argument('--tokenizer', default=None, help='a stand-in model folder (default: made in a temporary folder)')
+    ap.add_argument('--emulator', default=EMULATOR, help='the engine emulator (default: scripts/lab/sglang_emulator.py)')
+    ap.add_argument('--max-running-requests', type=int, default=1024, help="each engine's (default 1024, the seeds')")
+    ap.add_argument('--logs', default=None, help='keep the emulators\' and the gateway\'s logs in this folder')
+    args = ap.parse_args()
+    levels = [int(x) for x in args.concurrency.split(',') if x.strip()]
+    if any(c < 2 or c % 2 for c in levels):
+        sys.exit('--concurrency: even numbers >= 2 (half a node)')
+    # thousands of connections: the client, the gateway and the engines each hold one per request
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    want = 1048576 if hard == resource.RLIM_INFINITY else hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    smg = args.smg.split() if args.smg else default_smg(args.python)
+    flags, version = gateway_flags()
+    key, admin = secrets.token_hex(16), secrets.token_hex(16)
+    procs = {}
+    with tempfile.TemporaryDirectory(prefix='glm5-bench-gateway-') as tmp:
+        logs = args.logs or tmp
+        os.makedirs(logs, exist_ok=True)
+        tokenizer = args.tokenizer
+        if not tokenizer:
+            tokenizer = os.path.join(tmp, 'model')
+            subprocess.run([args.python, STAND_IN_MODEL, tokenizer], check=True, capture_output=True)
+        env = dict((k, v) for k, v in os.environ.items() if not k.startswith('GLM5_EMULATOR_'))
+        # the seeds' pace (no GLM5_EMULATOR_SPEED), no faults, no file of faults, a parse cache of its own
+        env.update(GLM5_EMULATOR_FAULTS_FILE=os.path.join(tmp, 'no-faults'),
+                   GLM5_EMULATOR_CACHE=os.path.join(tmp, 'parse-cache'), PYTHONUNBUFFERED='1')
+        ports = [free_port(), free_port()]
+        nodes = ['http://127.0.0.1:{0}'.format(p) for p in ports]
+        gw_port, metrics_port = free_port(), free_port()
+        gateway = 'http://127.0.0.1:{0}'.format(gw_port)
+        files = []
+        try:
+            for i, port in enumerate(ports):
+                log = open(os.path.join(logs, 'emulator{0}.log'.format(i + 1)), 'w')
+                files.append(log)
+                procs['emulator {0}'.format(i + 1)] = subprocess.Popen(
+                    [args.python, args.emulator, '--model-path', tokenizer, '--served-model-name', MODEL, '--host',
+                     '127.0.0.1', '--port', str(port), '--api-key', key, '--max-running-requests',
+                     str(args.max_running_requests)], stdout=log, stderr=subprocess.STDOUT, env=env)
+            for url in nodes:
+                wait_for(url, lambda u=url: get(u + '/health')[0] == 200, procs, 180)
+            gw_argv = smg + ['launch'] + argv_of(dict(flags, **{
+                'host': '127.0.0.1', 'port': gw_port, 'worker-urls': nodes, 'prometheus-host': '127.0.0.1',
+                'prometheus-port': metrics_port})) + ['--api-key', key, '--control-plane-api-keys',
+                                                      'glm5:glm5-ops:admin:' + admin]
+            log = open(os.path.join(logs, 'gateway.log'), 'w')
+            files.append(log)
+            procs['gateway'] = subprocess.Popen(gw_argv, stdout=log, stderr=subprocess.STDOUT,
+                                                env=dict(os.environ, NO_COLOR='1'))
+
+            def both_healthy():
+                workers = json.loads(get(gateway + '/workers', admin)[1])['workers']
+                return len(workers) == 2 and all(w['is_healthy'] for w in workers)
+            ready = wait_for('the gateway', both_healthy, procs, 120)
+            shown = ' '.join(a if a not in (key, 'glm5:glm5-ops:admin:' + admin) else '***' for a in gw_argv)
+            print('gateway smg {0} ready in {1:.1f} s: {2}'.format(version, ready, shown), flush=True)
+            rows = []
+            for c in levels:
+                t0 = time.time()
+                rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c, args.prompts_per_concurrency))
+                r = rows[-1]
+                print('concurrency {0}: direct p99 TTFT {1} ms, through the gateway {2:,.0f} ms: {3:+,.0f} ms '
+                      '({4:.0f} s)'.format(c, ' / '.join('{0:,.0f}'.format(d['p99_ttft_ms']) for d in r['direct']),
+                                           r['through']['p99_ttft_ms'], r['overhead_ms'], time.time() - t0), flush=True)
+        finally:
+            # the gateway first (its health checks would see the engines go), then the engines
+            for p in reversed(list(procs.values())):
+                if p.poll() is None:
+                    p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for fh in files:
+                fh.close()
+    print('\n{0} CPUs; two engine emulators at the seeds\' pace (--max-running-requests {1}) and smg {2} ({3}), '
+          'random-ids 256/128, {4} prompts per concurrency\n'.format(os.cpu_count(), args.max_running_requests,
+                                                                    version, flags.get('policy'),
+                                                                    args.prompts_per_concurrency))
+    table(rows)
+
+
+if __name__ == '__main__':
+    main()
