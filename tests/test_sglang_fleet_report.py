@@ -127,6 +127,24 @@ def test_each_node_at_its_own_pace_and_a_node_without_a_baseline_leaves_throughp
     assert lv['expected_total_tok_s'] is None and 'total_tok_s' not in gates(lv)
 
 
+def test_the_plot_shows_no_baseline_where_the_nodes_have_none(monkeypatch, tmp_path):
+    """At a level the baseline table lacks (1 a node), no baseline bar and no legend entry for one (it was listed,
+    in the gateway's colour, with nothing drawn); with a baseline, its bar, its entry and the gate's line."""
+    figures = []
+    monkeypatch.setattr(fleet, '_save', lambda plt, fig, path: figures.append(fig))
+    s = settings()
+    without = copy.deepcopy(s)
+    for n in without['nodes']:
+        n['baseline'] = {1024: {'total_tok_s': 3740}}
+    for given in (s, without):
+        (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 600.0)], given, INDEXES)
+        fleet.plot_fleet(fleet.build_summary('r', 's', {}, given, {'passed': True}, [lv]), str(tmp_path / 'f.png'))
+    legends = [[t.get_text() for t in fig.axes[0].get_legend().get_texts()] for fig in figures]
+    assert "the nodes' baselines, summed" in legends[0] and 'gate (baselines x 0.9)' in legends[0]
+    assert legends[1] == ['through the gateway', 'the nodes alone, summed']
+    assert [len(fig.axes[0].patches) for fig in figures] == [3, 2]
+
+
 def test_a_node_without_a_passed_sweep_at_the_level_leaves_the_added_ttft_ungated_and_said():
     indexes = copy.deepcopy(INDEXES)
     indexes['b'] = [entry('b', 'b0', 580.0, passed=False), entry('b', 'b9', 500.0, level='1024')]

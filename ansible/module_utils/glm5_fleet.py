@@ -221,7 +221,8 @@ def plot_fleet(summary, path):
 
     def bars(ax, offset, values, color, label):
         pts = [(x + offset, v) for x, v in zip(xs, values, strict=True) if v is not None]
-        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=0.26, color=color, label=label)
+        if pts:     # a figure no level has (no baseline at 1 a node) gets no bar and no legend entry
+            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=0.26, color=color, label=label)
     bars(ax1, -0.28, [lv['metrics'].get('total_tok_s') for lv in levels], 'tab:blue', 'through the gateway')
     bars(ax1, 0, [lv['reference']['total_tok_s'] for lv in levels], 'tab:green', 'the nodes alone, summed')
     bars(ax1, 0.28, [lv['expected_total_tok_s'] for lv in levels], 'tab:gray', 'the nodes\' baselines, summed')
@@ -248,10 +249,12 @@ def plot_fleet(summary, path):
     for ax in (ax1, ax2):
         ax.set_xticks(xs)
         ax.set_xticklabels(names)
+        ax.set_xlim(-0.6, len(xs) - 0.4)                 # each level's group centred on its tick
         ax.set_xlabel('concurrent requests through the gateway')
         ax.grid(True, axis='y', alpha=.3)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.35)         # room above the bars for the legend
-        ax.legend(fontsize=8, loc='upper right', ncol=2)
+        if ax.get_legend_handles_labels()[0]:          # a level that ran nothing draws nothing to name
+            ax.legend(fontsize=8, loc='upper right', ncol=2)
     fig.suptitle('Fleet smoke test {0}: {1}'.format(summary['run'], 'passed' if summary['passed'] else 'FAILED'))
     _save(plt, fig, path)
 
