@@ -43,7 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')
 STAND_IN_MODEL = os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py')
 GATEWAY_ROLE = os.path.join(ROOT, 'roles', 'sglang_gateway')
-# sglang's native /generate, as bench_fleet.py (smg 1.13 refuses the OpenAI backend's best_of with stream)
+# sglang's native /generate for the nodes and the gateway alike: bench_serving's OpenAI backend sends best_of with
+# stream, which smg 1.13 refuses (400 "best_of is not supported when stream is enabled")
 BACKEND = 'sglang'
 MODEL = 'glm-5'
 # the gateway flags set here, not from the role: where it listens, its workers, its keys
