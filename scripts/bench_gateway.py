@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The p99 TTFT the gateway adds, on any machine (by hand, not in CI): two engine emulators and the real gateway, here.
 
-    python scripts/bench_gateway.py [--concurrency 128,512,1024] [--python PY] [--smg SMG] [--tokenizer DIR]
+    python scripts/bench_gateway.py [--concurrency 128,512,1024] [--gateway-clients 2] [--python PY] [--smg SMG]
 
 What it starts, all on 127.0.0.1 and torn down at the end: two engine emulators (scripts/lab/sglang_emulator.py at
 the seeds' pace: GLM5_EMULATOR_SPEED unset, --max-running-requests 1024, an API key, the lab's stand-in tokenizer
@@ -12,11 +12,14 @@ addresses, the worker URLs and the keys put in here.
 
 What it measures, at each C of --concurrency, as scripts/bench_fleet.py's 'overhead' part does on the lab's fleet:
 sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf,
-seed 1, C x --prompts-per-concurrency prompts) first against both nodes directly at C/2 each, at the same time (one
-client each: the load the gateway gives each node), then through the gateway at C. The overhead is the gateway's p99
-TTFT less the slower node's direct p99 TTFT (the issue's bar: <= 50 ms at 1,024). Also printed: both runs' total
-tok/s (direct: the two nodes' sum), failed requests, and the connections the kernel refused over each run because a
-listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again only after a second).
+C x --prompts-per-concurrency prompts in all) first against both nodes directly at C/2 each, at the same time (one
+client each: the load the gateway gives each node), then through the gateway at C, from each count of clients in
+--gateway-clients side by side (C/k each; default 2, the same client capacity as the direct side: one Python client
+reading every stream of both nodes is itself a bottleneck at 1,024 on a small machine, and its delay would count as
+the gateway's). The overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all the requests
+of its clients (the issue's bar: <= 50 ms at 1,024). Also printed: both sides' total tok/s, failed requests, and the
+connections the kernel refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide:
+a refused SYN is sent again only after a second).
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
@@ -129,56 +132,89 @@ def overflows_since(before):
     return None if before is None or after is None else after - before
 
 
-def bench(python, url, key, model, tokenizer, concurrency, prompts):
+def percentile(values, q):
+    """numpy.percentile's default (linear between the closest ranks), as bench_serving computes its p99."""
+    xs = sorted(values)
+    if not xs:
+        return float('nan')
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
     """One sglang.bench_serving run (the benchmarks' one: scripts/bench_fleet.py calls it too): total tok/s, p99 TTFT,
-    failed requests."""
+    failed requests, and each answered request's TTFT in ms (to merge the runs of clients side by side)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'r.jsonl')
         cmd = [python, '-m', 'sglang.bench_serving', '--backend', BACKEND, '--base-url', url, '--model', model,
                '--tokenizer', tokenizer, '--dataset-name', 'random-ids', '--random-input-len', '256',
                '--random-output-len', '128', '--random-range-ratio', '0.0', '--num-prompts', str(prompts),
-               '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', '1', '--output-file', out]
+               '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', str(seed),
+               '--output-file', out, '--output-details']
         env = dict(os.environ, OPENAI_API_KEY=key, HF_HUB_OFFLINE='1')
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0 or not os.path.exists(out):
             sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-3000:]))
         with open(out) as fh:
             line = json.loads(fh.read().splitlines()[-1])
-    return {'tok_s': line['total_throughput'], 'p99_ttft_ms': line['p99_ttft_ms'], 'failed': prompts - line['completed']}
+    ttfts = [t * 1000.0 for t, e in zip(line['ttfts'], line['errors'], strict=True) if not e]
+    return {'tok_s': line['total_throughput'], 'p99_ttft_ms': line['p99_ttft_ms'], 'failed': prompts - line['completed'],
+            'ttfts_ms': ttfts}
 
 
-def overhead(python, nodes, gateway, key, model, tokenizer, c, per):
-    """The nodes directly at C/n each, all at once (one client each: the load the gateway gives each node), then the
-    gateway at C; the overhead is the gateway's p99 TTFT less the slowest node's."""
-    direct = {}
-    before = listen_overflows()
-    share = c // len(nodes)
-    threads = [threading.Thread(target=lambda u=u: direct.__setitem__(u, bench(
-        python, u, key, model, tokenizer, share, share * per))) for u in nodes]
+def side_by_side(python, urls, key, model, tokenizer, share, per):
+    """One bench_serving client per URL (a URL may come twice), all at once, each at concurrency `share`; their runs,
+    and the p99 TTFT of all their requests together."""
+    runs = [None] * len(urls)
+
+    def one(i, url):
+        runs[i] = bench(python, url, key, model, tokenizer, share, share * per, seed=1 + i)
+    threads = [threading.Thread(target=one, args=(i, u)) for i, u in enumerate(urls)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if len(direct) != len(nodes):
-        sys.exit('a direct run failed at concurrency {0}'.format(c))
-    direct_overflows = overflows_since(before)
+    if any(r is None for r in runs):
+        sys.exit('a bench_serving client failed at concurrency {0} against {1}'.format(share, ', '.join(urls)))
+    merged = percentile([t for r in runs for t in r['ttfts_ms']], 99)
+    return runs, merged
+
+
+def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None):
+    """The nodes directly at C/n each, all at once (one client each: the load the gateway gives each node), then the
+    gateway at C from `clients` clients side by side (C/clients each); the overhead is the gateway's p99 TTFT less the
+    nodes' direct p99 TTFT, each over all of its requests together. One client through the gateway is one Python
+    process reading every node's streams: on a busy machine its own delay counts as the gateway's; as many clients
+    as nodes give both sides the same client capacity."""
+    if direct_run is None:
+        before = listen_overflows()
+        direct, direct_p99 = side_by_side(python, nodes, key, model, tokenizer, c // len(nodes), per)
+        direct_overflows = overflows_since(before)
+    else:       # the direct side of an earlier call at the same C (another count of clients through the gateway)
+        direct, direct_p99, direct_overflows = direct_run['direct'], direct_run['direct_p99_ttft_ms'], \
+            direct_run['overflows'][0]
     before = listen_overflows()
-    through = bench(python, gateway, key, model, tokenizer, c, c * per)
+    runs, through_p99 = side_by_side(python, [gateway] * clients, key, model, tokenizer, c // clients, per)
     through_overflows = overflows_since(before)
-    slower = max(direct[u]['p99_ttft_ms'] for u in nodes)
-    return {'c': c, 'direct': [direct[u] for u in nodes], 'through': through,
-            'overhead_ms': through['p99_ttft_ms'] - slower, 'overflows': (direct_overflows, through_overflows)}
+    through = {'tok_s': sum(r['tok_s'] for r in runs), 'p99_ttft_ms': through_p99,
+               'failed': sum(r['failed'] for r in runs)}
+    return {'c': c, 'clients': clients, 'direct': direct, 'direct_p99_ttft_ms': direct_p99, 'through': through,
+            'overhead_ms': through_p99 - direct_p99, 'overflows': (direct_overflows, through_overflows)}
 
 
 def table(rows):
-    head = ['C', 'node 1 direct p99 TTFT', 'node 2 direct p99 TTFT', 'gateway p99 TTFT',
+    head = ['C', 'clients through the gateway', 'direct p99 TTFT (node 1 / node 2 / both)', 'gateway p99 TTFT',
             'overhead (need <= {0} ms)'.format(BAR_MS), 'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
             'failed gateway', 'listen overflows direct / gateway']
     lines = []
     for r in rows:
         d1, d2 = r['direct']
-        lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), '{0:,.0f} ms'.format(d1['p99_ttft_ms']),
-                      '{0:,.0f} ms'.format(d2['p99_ttft_ms']), '{0:,.0f} ms'.format(r['through']['p99_ttft_ms']),
+        lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), str(r['clients']),
+                      '{0:,.0f} / {1:,.0f} / {2:,.0f} ms'.format(d1['p99_ttft_ms'], d2['p99_ttft_ms'],
+                                                                 r['direct_p99_ttft_ms']),
+                      '{0:,.0f} ms'.format(r['through']['p99_ttft_ms']),
                       '{0:+,.0f} ms {1}'.format(r['overhead_ms'], 'met' if r['overhead_ms'] <= BAR_MS else 'NOT met'),
                       '{0:,.0f}'.format(d1['tok_s'] + d2['tok_s']), '{0:,.0f}'.format(r['through']['tok_s']),
                       str(d1['failed'] + d2['failed']), str(r['through']['failed']),
@@ -202,6 +238,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--concurrency', default='1024',
                     help='through the gateway, comma-separated (C/2 a node directly; default 1024)')
+    ap.add_argument('--gateway-clients', default='2',
+                    help='bench_serving clients side by side through the gateway, comma-separated: a row for each '
+                         '(default 2, as many as the nodes driven directly; 1: one client for both nodes\' streams)')
     ap.add_argument('--prompts-per-concurrency', type=int, default=2, help='prompts per run: C times this (default 2)')
     ap.add_argument('--python', default=sys.executable, help='a Python that imports sglang (default: this one)')
     ap.add_argument('--smg', default=None, help='the gateway command (default: smg beside --python, on PATH, or -m smg)')
@@ -213,6 +252,9 @@ def main():
     levels = [int(x) for x in args.concurrency.split(',') if x.strip()]
     if any(c < 2 or c % 2 for c in levels):
         sys.exit('--concurrency: even numbers >= 2 (half a node)')
+    client_counts = [int(x) for x in args.gateway_clients.split(',') if x.strip()]
+    if not client_counts or any(k < 1 or c % k for k in client_counts for c in levels):
+        sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency')
     # thousands of connections: the client, the gateway and the engines each hold one per request
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     want = 1048576 if hard == resource.RLIM_INFINITY else hard
@@ -264,12 +306,17 @@ def main():
             print('gateway smg {0} ready in {1:.1f} s: {2}'.format(version, ready, shown), flush=True)
             rows = []
             for c in levels:
-                t0 = time.time()
-                rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c, args.prompts_per_concurrency))
-                r = rows[-1]
-                print('concurrency {0}: direct p99 TTFT {1} ms, through the gateway {2:,.0f} ms: {3:+,.0f} ms '
-                      '({4:.0f} s)'.format(c, ' / '.join('{0:,.0f}'.format(d['p99_ttft_ms']) for d in r['direct']),
-                                           r['through']['p99_ttft_ms'], r['overhead_ms'], time.time() - t0), flush=True)
+                first = None
+                for k in client_counts:
+                    t0 = time.time()
+                    rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c,
+                                         args.prompts_per_concurrency, clients=k, direct_run=first))
+                    first = first or rows[-1]
+                    r = rows[-1]
+                    print('concurrency {0}: direct p99 TTFT {1:,.0f} ms, through the gateway ({2} client(s)) {3:,.0f} '
+                          'ms: {4:+,.0f} ms ({5:.0f} s)'.format(c, r['direct_p99_ttft_ms'], k,
+                                                               r['through']['p99_ttft_ms'], r['overhead_ms'],
+                                                               time.time() - t0), flush=True)
         finally:
             # the gateway first (its health checks would see the engines go), then the engines
             for p in reversed(list(procs.values())):

@@ -1,0 +1,43 @@
+"""scripts/bench_gateway.py's arithmetic (the benchmark itself runs by hand: docs/operations.md): its p99 is
+bench_serving's (numpy's percentile), and the overhead compares all the requests of each side's clients together."""
+import random
+
+import bench_gateway
+import numpy
+import pytest
+
+
+def test_the_percentile_is_numpys_as_bench_serving_computes_it():
+    many = [random.Random(7).expovariate(1 / 800.0) for _ in range(2048)]
+    for values in ([5.0], [1.0, 2.0], [float(x) for x in range(100)], many):
+        for q in (0, 50, 99, 100):
+            assert bench_gateway.percentile(values, q) == pytest.approx(float(numpy.percentile(values, q))), (values, q)
+
+
+def run(ttfts, tok_s=100.0, failed=0):
+    return {'tok_s': tok_s, 'p99_ttft_ms': bench_gateway.percentile(ttfts, 99), 'failed': failed, 'ttfts_ms': ttfts}
+
+
+def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p99_over_both(monkeypatch):
+    # node 1's requests are fast, node 2's slow: the direct p99 is over both nodes' requests together, not one node's
+    node1, node2 = [100.0] * 100, [300.0] * 100
+    client1, client2 = [110.0] * 100, [330.0] * 100
+    calls = []
+
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
+        calls.append((url, concurrency, prompts, seed))
+        return {'n1': run(node1), 'n2': run(node2)}[url] if url != 'gw' else run(client1 if seed == 1 else client2)
+    monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
+    monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
+    r = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2)
+    assert sorted(calls) == [('gw', 4, 8, 1), ('gw', 4, 8, 2), ('n1', 4, 8, 1), ('n2', 4, 8, 2)]
+    assert r['direct_p99_ttft_ms'] == pytest.approx(300.0)
+    assert r['through']['p99_ttft_ms'] == pytest.approx(330.0)
+    assert r['overhead_ms'] == pytest.approx(30.0)
+    assert r['through']['tok_s'] == pytest.approx(200.0)
+    # the direct side measured once serves another count of clients at the same concurrency
+    calls.clear()
+    again = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=1, direct_run=r)
+    assert calls == [('gw', 8, 16, 1)]
+    assert again['direct_p99_ttft_ms'] == r['direct_p99_ttft_ms']
+    assert again['overhead_ms'] == pytest.approx(110.0 - 300.0)
