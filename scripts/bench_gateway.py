@@ -226,6 +226,14 @@ def table(rows):
             print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
 
 
+def numbers(text):
+    """'1024,512' -> [1024, 512]; None for anything that is not a comma-separated list of integers."""
+    try:
+        return [int(x) for x in text.split(',') if x.strip()]
+    except ValueError:
+        return None
+
+
 def default_smg(python):
     beside = os.path.join(os.path.dirname(python), 'smg')
     if os.path.exists(beside):
@@ -249,12 +257,12 @@ def main():
     ap.add_argument('--max-running-requests', type=int, default=1024, help="each engine's (default 1024, the seeds')")
     ap.add_argument('--logs', default=None, help='keep the emulators\' and the gateway\'s logs in this folder')
     args = ap.parse_args()
-    levels = [int(x) for x in args.concurrency.split(',') if x.strip()]
-    if any(c < 2 or c % 2 for c in levels):
-        sys.exit('--concurrency: even numbers >= 2 (half a node)')
-    client_counts = [int(x) for x in args.gateway_clients.split(',') if x.strip()]
+    levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
+    if not levels or any(c < 2 or c % 2 for c in levels):
+        sys.exit('--concurrency: even numbers >= 2 (half a node), comma-separated; got {0!r}'.format(args.concurrency))
     if not client_counts or any(k < 1 or c % k for k in client_counts for c in levels):
-        sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency')
+        sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency, comma-separated; got {0!r}'.format(
+            args.gateway_clients))
     # thousands of connections: the client, the gateway and the engines each hold one per request
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     want = 1048576 if hard == resource.RLIM_INFINITY else hard

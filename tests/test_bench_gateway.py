@@ -1,6 +1,8 @@
 """scripts/bench_gateway.py's arithmetic (the benchmark itself runs by hand: docs/operations.md): its p99 is
 bench_serving's (numpy's percentile), and the overhead compares all the requests of each side's clients together."""
 import random
+import subprocess
+import sys
 
 import bench_gateway
 import numpy
@@ -41,3 +43,15 @@ def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p9
     assert calls == [('gw', 8, 16, 1)]
     assert again['direct_p99_ttft_ms'] == r['direct_p99_ttft_ms']
     assert again['overhead_ms'] == pytest.approx(110.0 - 300.0)
+
+
+@pytest.mark.parametrize('args, option', [(['--gateway-clients', 'x'], '--gateway-clients'),
+                                          (['--gateway-clients', '3'], '--gateway-clients'),
+                                          (['--concurrency', '3'], '--concurrency'),
+                                          (['--concurrency', 'a,b'], '--concurrency'),
+                                          (['--concurrency', ','], '--concurrency')])
+def test_bad_input_is_one_line_naming_the_option_before_anything_starts(args, option):
+    p = subprocess.run([sys.executable, bench_gateway.__file__, *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(option + ': '), p.stderr
+    assert p.stdout == ''                   # nothing started (the gateway's line comes first when it does)
