@@ -134,8 +134,6 @@ def test_a_stop_or_destroy_task_ends_when_the_lxc_container_has_stopped(lab_api)
             status = Tasks.blocking_status(lab_api, end(), timeout=120, polling_interval=0.05)
             assert status is not None and status['exitstatus'] == 'OK', (how, status)
             assert lab.state(vmid) != 'running', 'the {0} task ended while the LXC container still ran'.format(how)
-            if how == 'destroy':
-                break
     finally:
         if any(int(c['vmid']) == vmid for c in node.lxc.get()):
             Tasks.blocking_status(lab_api, node.lxc(vmid).delete(force=1, purge=1))
