@@ -200,18 +200,22 @@ class Front(object):
         its id runs: PVE's task ends when the container has stopped, and the reconciler carries it out a pass later.
         Without this a client that destroyed a container and created one under the same id could reach the old one's
         sshd on the same port (make test's full-stack lane once recorded the old host key for the new node so)."""
+        from proxmoxer.tools import Tasks
         m = TASK_STATUS.fullmatch(urllib.parse.unquote(path))
         if not m:
             return data
-        upid = m.group('upid').split(':')
-        if len(upid) != 9 or upid[5] not in STOPPING_TASKS or not upid[6].isdigit():
+        try:
+            upid = Tasks.decode_upid(m.group('upid'))
+        except (AssertionError, ValueError):  # not a UPID: fakepve's own answer stands
+            return data
+        if upid['type'] not in STOPPING_TASKS or not upid['id'].isdigit():
             return data
         try:
             body = json.loads(data)
             task = body['data']
         except (ValueError, KeyError, TypeError):
             return data
-        if task.get('status') != 'stopped' or self.lxc.state(int(upid[6])) != 'running':
+        if task.get('status') != 'stopped' or self.lxc.state(int(upid['id'])) != 'running':
             return data
         task = dict((k, v) for k, v in task.items() if k != 'exitstatus')
         task['status'] = 'running'
