@@ -7,6 +7,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -345,6 +346,35 @@ def test_the_test_speed_divides_the_pace_and_a_bad_one_is_refused(python, model,
     bad = Engine(python, model, speed='fast')
     out, err = bad.proc.communicate(timeout=120)
     assert bad.proc.returncode != 0 and "GLM5_EMULATOR_SPEED must be a number > 0, got 'fast'" in err, err
+
+
+def test_a_stream_keeps_its_pace_when_the_engine_waited_for_the_cpu(engine):
+    """A GPU's steps do not wait for the host's CPU, so the stand-in's must not either: the emulator frozen for a
+    second mid-stream (SIGSTOP, as a starved process is) makes the late tokens up, and the stream ends when its pace
+    says. (A CI run failed a healthy node's smoke test so: its single stream 1.5 times the seeds' TPOT while the
+    other lane had both cores.)"""
+    tokens, stall = 16, 1.0
+    with requests.post(engine.url + '/v1/completions', stream=True, timeout=60,
+                       headers={'Authorization': 'Bearer ' + KEY},
+                       json={'model': 'glm-5', 'prompt': 'pace', 'max_tokens': tokens, 'ignore_eos': True,
+                             'stream': True}) as r:
+        assert r.status_code == 200, r.text
+        seen = []
+        for line in r.iter_lines():
+            if not line.startswith(b'data: {'):
+                continue
+            seen.append(time.monotonic())
+            if len(seen) == 3:
+                os.kill(engine.proc.pid, signal.SIGSTOP)
+                try:
+                    time.sleep(stall)
+                finally:
+                    os.kill(engine.proc.pid, signal.SIGCONT)
+    # one chunk a token, then the final chunk with the finish reason
+    assert len(seen) == tokens + 1, len(seen)
+    pace = (tokens - 1) * 0.121
+    took = seen[-2] - seen[0]
+    assert took < pace + stall / 2, 'first to last token {0:.2f} s, the pace says {1:.2f} s'.format(took, pace)
 
 
 # ---- the smoke test's modules against the emulator (sglang_probe, sglang_bench) ----
