@@ -16,7 +16,7 @@ import time
 import pytest
 from glm5_lab import labd, pveconf
 from glm5_lab.front import persist_all
-from glm5_lab.lxc import LabLxc
+from glm5_lab.lxc import LabLxc, lxc
 from glm5_lab.paths import LAB_VARS_FILE, STATE, TEMPLATES, lab_paths_from_inventory, paths, ssh_port
 from glm5_lab.pveconf import lxc_config, start_error
 
@@ -35,6 +35,7 @@ def test_lxc_config_passes_devices_with_their_major_minor_and_mounts(tmp_path, m
     assert 'lxc.cgroup.devices.allow = c 1:5 rm' in lines        # deny-write
     assert 'lxc.cgroup.memory.limit_in_bytes = 4294967296' in lines
     assert 'lxc.cgroup.cpu.cfs_quota_us = 200000' in lines
+    assert not any('cpu.shares' in line for line in lines)      # no cpuunits: the kernel's default weight
     assert 'lxc.mount.entry = /srv/models models none bind,create=dir 0 0' in lines
     assert 'lxc.mount.entry = /srv/ro ro none bind,create=dir,ro 0 0' in lines
     assert not any('/data' in line for line in lines)              # a volume, not a bind mount
@@ -49,6 +50,18 @@ def test_lxc_config_on_a_cgroup2_host(tmp_path, monkeypatch):
     assert 'lxc.cgroup2.devices.allow = c 1:3 rwm' in text
     assert 'lxc.cgroup2.memory.max = 1073741824' in text
     assert 'lxc.cgroup2.cpu.max = 400000 100000' in text
+
+
+@pytest.mark.parametrize('prefix, units, line', [
+    ('lxc.cgroup', 10, 'lxc.cgroup.cpu.shares = 10'),            # cgroup v1: PVE writes cpuunits to cpu.shares
+    ('lxc.cgroup', 0, 'lxc.cgroup.cpu.shares = 2'),              # the kernel's least
+    ('lxc.cgroup2', 10, 'lxc.cgroup2.cpu.weight = 10'),          # cgroup v2: cpu.weight, 1..10000
+    ('lxc.cgroup2', 500000, 'lxc.cgroup2.cpu.weight = 10000'),
+])
+def test_lxc_config_sets_the_cpu_weight_as_pve_does(tmp_path, monkeypatch, prefix, units, line):
+    monkeypatch.setattr(pveconf, 'cgroup_prefix', lambda: prefix)
+    text, _ = lxc_config(120, {'memory': 1024, 'cores': 4, 'cpuunits': str(units)}, str(tmp_path))
+    assert line in text.splitlines()
 
 
 def test_start_error_names_what_pve_would(tmp_path):
@@ -122,9 +135,21 @@ def test_a_stop_or_destroy_task_ends_when_the_lxc_container_has_stopped(lab_api)
             Tasks.blocking_status(lab_api, node.lxc(vmid).delete(force=1, purge=1))
     assert wait_for(lambda: not lab.exists(vmid)), 'CT {0} is still there from another test'.format(vmid)
     upid = node.lxc.post(vmid=vmid, hostname='lab-test-stop', ostemplate=tmpl, rootfs='local-lvm:4', memory=512,
-                         tags='glm5-managed')
+                         cpuunits=10, tags='glm5-managed')
     try:
         assert Tasks.blocking_status(lab_api, upid)['exitstatus'] == 'OK'
+        # the CPU weight (cpuunits) as the kernel sees it, at the start and changed while it runs (PVE applies it hot)
+        weight = pveconf.cpu_weight({'cpuunits': 10})[0]
+
+        def weight_now():
+            return lxc('lxc-cgroup', '-P', lab.lxcpath, '-n', lab.name(vmid), weight, check=False).stdout.strip()
+        assert Tasks.blocking_status(lab_api, node.lxc(vmid).status.start.post())['exitstatus'] == 'OK'
+        assert wait_for(lambda: lab.state(vmid) == 'running'), 'the reconciler did not start CT {0}'.format(vmid)
+        assert weight_now() == '10'
+        node.lxc(vmid).config.put(cpuunits=50)
+        assert wait_for(lambda: weight_now() == '50'), 'cpuunits 50 not applied to the running container: {0}'.format(
+            weight_now())
+        Tasks.blocking_status(lab_api, node.lxc(vmid).status.stop.post())
         for how, end in (('stop', lambda: node.lxc(vmid).status.stop.post()),
                          ('shutdown', lambda: node.lxc(vmid).status.shutdown.post(timeout=60, forceStop=1)),
                          ('destroy', lambda: node.lxc(vmid).delete(force=1, purge=1))):

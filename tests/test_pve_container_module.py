@@ -112,6 +112,20 @@ def test_change_puts_only_changed_keys_and_deletes_dropped_devices(pve, fakepve_
     assert 'dev2' not in pve.ct(120).config and pve.ct(120).config['memory'] in (16384, '16384')
 
 
+def test_cpu_weight_is_managed_only_when_set_and_changes_a_running_container_at_once(pve, fakepve_cafile):
+    assert not run(pve, fakepve_cafile).failed
+    assert 'cpuunits' not in pve.ct(120).config                # unset: PVE's default, not managed
+    pve.requests.clear()
+    res = run(pve, fakepve_cafile, cpuunits=10)
+    assert not res.failed, res
+    assert res['changed_keys'] == ['cpuunits'] and not res['restart_required'] and not res['restarted']
+    (method, path, form), = writes(pve)
+    assert (method, path, form) == ('PUT', '/nodes/pve1/lxc/120/config', {'cpuunits': '10'})
+    assert str(pve.ct(120).config['cpuunits']) == '10' and not pve.ct(120).pending    # applied, nothing pending
+    assert run(pve, fakepve_cafile, cpuunits=10)['changed'] is False
+    assert run(pve, fakepve_cafile)['changed'] is False        # unset again: left as it is
+
+
 def test_running_device_change_needs_restart_and_restarts_only_when_allowed(pve, fakepve_cafile):
     run(pve, fakepve_cafile)
     pve.requests.clear()
@@ -227,6 +241,8 @@ def test_vmid_used_by_vm_is_refused(pve, fakepve_cafile):
     (dict(devices=[{'path': '/etc/passwd'}]), 'devices[0].path'),
     (dict(devices=[{'path': '/dev/nvidia0', 'mode': '999'}]), 'devices[0].mode'),
     (dict(tags=['Bad Tag']), "tag 'Bad Tag'"),
+    (dict(cpuunits=-1), 'cpuunits must be 0..500000'),
+    (dict(cpuunits=500001), "cpuunits must be 0..500000 (PVE's CPU weight), got 500001"),
 ])
 def test_bad_input_is_rejected_before_any_call(pve, fakepve_cafile, args, words):
     res = run(pve, fakepve_cafile, **args)

@@ -40,6 +40,12 @@ options:
   memory: {description: Memory in MiB., type: int, default: 4096}
   swap: {description: Swap in MiB., type: int, default: 0}
   cores: {description: CPU cores., type: int, default: 4}
+  cpuunits:
+    description:
+      - CPU weight against the host's other guests when they compete for the CPU (PVE's C(cpuunits), 0 to 500000;
+        PVE's default is 1024 on cgroup v1 hosts and 100 on cgroup v2). Applied to a running container at once.
+      - Unset, the container's weight is not managed.
+    type: int
   unprivileged: {description: Unprivileged container. Cannot change after creation., type: bool, default: false}
   features: {description: "Features, for example C([nesting=1])).", type: list, elements: str, default: [nesting=1]}
   onboot: {description: Start with the host., type: bool, default: true}
@@ -135,7 +141,8 @@ from ansible.module_utils.pve_api import (
 
 VMID_MIN, VMID_MAX = 100, 999999999
 # Keys PVE applies to a running container at once; anything else on a running container waits for a restart.
-HOT_KEYS = {'memory', 'swap', 'cores', 'onboot', 'tags', 'description', 'nameserver'}
+HOT_KEYS = {'memory', 'swap', 'cores', 'cpuunits', 'onboot', 'tags', 'description', 'nameserver'}
+CPUUNITS_MAX = 500000
 # How users of the pve_container role know each option (messages name these).
 ROLE_VARIABLES = dict(
     {o: 'pve_container_' + o for o in ('api_host', 'api_port', 'api_user', 'api_password', 'api_token_id',
@@ -160,6 +167,7 @@ def argument_spec():
         memory=dict(type='int', default=4096),
         swap=dict(type='int', default=0),
         cores=dict(type='int', default=4),
+        cpuunits=dict(type='int'),
         unprivileged=dict(type='bool', default=False),
         features=dict(type='list', elements='str', default=['nesting=1']),
         onboot=dict(type='bool', default=True),
@@ -206,6 +214,9 @@ def validate(params):
                 errors.append('{0} must be at least 1, got {1}'.format(name, params[name]))
         if params['swap'] < 0:
             errors.append('swap must not be negative')
+        if params['cpuunits'] is not None and not 0 <= params['cpuunits'] <= CPUUNITS_MAX:
+            errors.append('cpuunits must be 0..{0} (PVE\'s CPU weight), got {1}'.format(CPUUNITS_MAX,
+                                                                                      params['cpuunits']))
     for i, dev in enumerate(params['devices']):
         if not dev['path'].startswith('/dev/') or not SAFE_PATH.match(dev['path']):
             errors.append('devices[{0}].path {1!r} must be an absolute path under /dev/ without , = ; or spaces'.format(
@@ -259,6 +270,8 @@ def desired_config(params):
         'onboot': int(params['onboot']),
         'tags': ';'.join(sorted(set(params['tags']) | {params['managed_tag']})),
     }
+    if params['cpuunits'] is not None:
+        cfg['cpuunits'] = params['cpuunits']
     if params['features']:
         cfg['features'] = ','.join(params['features'])
     if params['description'] is not None:

@@ -10,7 +10,7 @@ import stat
 import subprocess
 
 from glm5_lab.paths import ssh_port, write_if_changed, write_private
-from glm5_lab.pveconf import lxc_config
+from glm5_lab.pveconf import cpu_weight, lxc_config
 
 LOG = logging.getLogger('labd')
 
@@ -112,6 +112,14 @@ class LabLxc(object):
             os.chmod(node, mode)
             os.chown(node, uid, gid)
         return changed
+
+    def set_cpu_weight(self, vmid, config):
+        """The config's CPU weight on the running container now, as PVE applies cpuunits (hot); an error's text."""
+        weight = cpu_weight(config)
+        if not weight:
+            return None
+        r = lxc('lxc-cgroup', '-P', self.lxcpath, '-n', self.name(vmid), weight[0], str(weight[1]), check=False)
+        return (r.stderr.strip() or 'lxc-cgroup failed') if r.returncode else None
 
     def start(self, vmid):
         r = lxc('lxc-start', '-P', self.lxcpath, '-n', self.name(vmid), check=False)

@@ -48,6 +48,17 @@ def cgroup_prefix():
     return 'lxc.cgroup2' if os.path.exists('/sys/fs/cgroup/cgroup.controllers') else 'lxc.cgroup'
 
 
+def cpu_weight(config):
+    """(cgroup file, value) for the config's cpuunits, as PVE sets it: cpu.shares on cgroup v1 (the value itself), cpu.weight
+    on v2 (clamped to the kernel's 1..10000); None without cpuunits."""
+    if config.get('cpuunits') in (None, ''):
+        return None
+    units = int(config['cpuunits'])
+    if cgroup_prefix() == 'lxc.cgroup2':
+        return 'cpu.weight', min(max(units, 1), 10000)
+    return 'cpu.shares', max(units, 2)
+
+
 def lxc_config(vmid, config, ctdir):
     """The LXC config for one container, and the passthrough device nodes it needs (path, mode, uid, gid, rdev)."""
     cg = cgroup_prefix()
@@ -72,6 +83,9 @@ def lxc_config(vmid, config, ctdir):
         lines.append('lxc.cgroup.memory.limit_in_bytes = {0}'.format(memory * 1024 ** 2))
         if cores:
             lines += ['lxc.cgroup.cpu.cfs_period_us = 100000', 'lxc.cgroup.cpu.cfs_quota_us = {0}'.format(cores * 100000)]
+    weight = cpu_weight(config)
+    if weight:
+        lines.append('{0}.{1} = {2}'.format(cg, *weight))
     nodes = []
     for dev in devices_of(config):
         path = dev['path']

@@ -94,8 +94,12 @@ class Reconciler(object):
             params = self.shared.params(vmid)
             tmpl = params.get('ostemplate') or default_template()
             self.lxc.create(vmid, self.template_path(tmpl), params.get('ssh-public-keys'))
-        self.lxc.write_config(vmid, config)
+        written = self.lxc.write_config(vmid, config)
         lxc_state = self.lxc.state(vmid)
+        if written and lxc_state == 'running':
+            err = self.lxc.set_cpu_weight(vmid, config)
+            if err:
+                LOG.error('CT %s: CPU weight not applied: %s', vmid, err)
         pid = status.get('pid')
         if status['status'] == 'running':
             if lxc_state == 'running' and self.started_pid.get(vmid) not in (None, pid):
