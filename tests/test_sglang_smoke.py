@@ -374,6 +374,24 @@ def test_two_golden_runs_side_by_side(tmp_path):
     assert png_size(str(tmp_path / 'cmp.png')) == (1200, 800)
 
 
+def test_the_throughput_plot_marks_the_baseline_and_gate_only_at_the_levels_that_have_them(monkeypatch, tmp_path):
+    """Output tok/s has a baseline at 1 and 1024 only: a line between the two drew a gate at 64..512 that the smoke
+    test does not apply, and a healthy run looked below it there."""
+    figures = []
+    monkeypatch.setattr(plots, '_save', lambda plt, fig, path: figures.append(fig))
+    summary, _, _ = load('healthy')
+    plots.plot_throughput(summary, None, str(tmp_path / 'throughput.png'))
+    (fig,) = figures
+    total, output = fig.axes
+    for ax, levels in ((total, [64, 256, 512, 1024]), (output, [1, 1024])):
+        marks = {line.get_label().split(' (')[0]: line for line in ax.get_lines()}
+        for name in ('baseline', 'gate'):
+            assert list(marks[name].get_xdata()) == levels, (name, marks[name].get_xdata())
+            assert marks[name].get_linestyle() == 'None', (name, marks[name].get_linestyle())
+    gate = {line.get_label().split(' (')[0]: line for line in output.get_lines()}['gate']
+    assert list(gate.get_ydata()) == pytest.approx([8.2 * 0.9, 1240 * 0.9])
+
+
 @pytest.mark.parametrize('previous', [False, True])
 def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
     """The rollback step when it must not roll back: no previous unit and environment file, or a previous pair that

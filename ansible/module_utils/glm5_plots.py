@@ -74,12 +74,14 @@ def plot_throughput(summary, previous, path):
     def draw(ax, key):
         _run_line(ax, summary['levels'], key, 'o-', 'tab:blue', 'this run ({0})'.format(
             'pass' if summary['passed'] else 'FAIL'))
+        # marks at the levels the baseline gives, no line between them: a line across a level that has no baseline
+        # (output tok/s has one at 1 and 1024 only) would draw a gate that is not there
         bl = _table_line(summary.get('baseline'), key)
         if bl:
-            ax.plot([c for c, _ in bl], [v for _, v in bl], 's--', color='tab:gray',
+            ax.plot([c for c, _ in bl], [v for _, v in bl], 's', color='tab:gray', linestyle='none',
                     label='baseline (seeds)' if speed == 1 else 'baseline (seeds) x {0:g}, lab test speed'.format(speed))
-            ax.plot([c for c, _ in bl], [v * tol for _, v in bl], ':', color='tab:orange',
-                    label='gate (baseline x {0:g})'.format(tol))
+            ax.plot([c for c, _ in bl], [v * tol for _, v in bl], '_', color='tab:orange', linestyle='none', ms=16,
+                    mew=2, label='gate (baseline x {0:g})'.format(tol))
     _two_panels(previous, path, (('total_tok_s', 'total tok/s'), ('output_tok_s', 'output tok/s')), draw,
                 '{0} {1}'.format(summary['run'], 'PASSED' if summary['passed'] else 'FAILED'))
 
