@@ -376,7 +376,7 @@ def test_two_golden_runs_side_by_side(tmp_path):
 
 def test_the_throughput_plot_marks_the_baseline_and_gate_only_at_the_levels_that_have_them(monkeypatch, tmp_path):
     """Output tok/s has a baseline at 1 and 1024 only: a line between the two drew a gate at 64..512 that the smoke
-    test does not apply, and a healthy run looked below it there."""
+    test does not apply, and a healthy run looked below it there. Levels the run did not sweep are not drawn."""
     figures = []
     monkeypatch.setattr(plots, '_save', lambda plt, fig, path: figures.append(fig))
     summary, _, _ = load('healthy')
@@ -390,6 +390,13 @@ def test_the_throughput_plot_marks_the_baseline_and_gate_only_at_the_levels_that
             assert marks[name].get_linestyle() == 'None', (name, marks[name].get_linestyle())
     gate = {line.get_label().split(' (')[0]: line for line in output.get_lines()}['gate']
     assert list(gate.get_ydata()) == pytest.approx([8.2 * 0.9, 1240 * 0.9])
+    # a run that swept 1 and 64 only (the lab's tests): the baseline's other levels are not drawn
+    figures.clear()
+    plots.plot_throughput(dict(summary, levels=summary['levels'][:2]), None, str(tmp_path / 'throughput.png'))
+    total, output = figures[0].axes
+    for ax, levels in ((total, [64]), (output, [1])):
+        marks = {line.get_label().split(' (')[0]: line for line in ax.get_lines()}
+        assert list(marks['baseline'].get_xdata()) == levels and list(marks['gate'].get_xdata()) == levels
 
 
 @pytest.mark.parametrize('previous', [False, True])

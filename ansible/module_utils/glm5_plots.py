@@ -74,9 +74,11 @@ def plot_throughput(summary, previous, path):
     def draw(ax, key):
         _run_line(ax, summary['levels'], key, 'o-', 'tab:blue', 'this run ({0})'.format(
             'pass' if summary['passed'] else 'FAIL'))
-        # marks at the levels the baseline gives, no line between them: a line across a level that has no baseline
-        # (output tok/s has one at 1 and 1024 only) would draw a gate that is not there
-        bl = _table_line(summary.get('baseline'), key)
+        # marks at the levels this run swept that the baseline gives, no line between them: a line across a level
+        # that has no baseline (output tok/s has one at 1 and 1024 only) would draw a gate that is not there, and a
+        # level not swept (the lab's tests sweep 1 and 64) has nothing to be gated
+        swept = {x['concurrency'] for x in summary['levels'] or []}
+        bl = [(c, v) for c, v in _table_line(summary.get('baseline'), key) if c in swept]
         if bl:
             ax.plot([c for c, _ in bl], [v for _, v in bl], 's', color='tab:gray', linestyle='none',
                     label='baseline (seeds)' if speed == 1 else 'baseline (seeds) x {0:g}, lab test speed'.format(speed))
