@@ -116,6 +116,10 @@ def test_cpu_weight_is_managed_only_when_set_and_changes_a_running_container_at_
     assert not run(pve, fakepve_cafile).failed
     assert 'cpuunits' not in pve.ct(120).config                # unset: PVE's default, not managed
     pve.requests.clear()
+    # check mode predicts it from what PVE applies hot: no restart
+    res = run(pve, fakepve_cafile, check=True, cpuunits=10)
+    assert res['changed_keys'] == ['cpuunits'] and not res['restart_required'] and not res['restarted'], res
+    assert writes(pve) == []
     res = run(pve, fakepve_cafile, cpuunits=10)
     assert not res.failed, res
     assert res['changed_keys'] == ['cpuunits'] and not res['restart_required'] and not res['restarted']
