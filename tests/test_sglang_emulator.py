@@ -19,6 +19,7 @@ import requests
 from sglang_envs import ROOT, environment
 
 EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')
+LAUNCHER = os.path.join(ROOT, 'roles', 'sglang_service', 'files', 'glm5-sglang-launch')
 KEY = 'test-key'
 
 pytestmark = pytest.mark.sglang
@@ -44,14 +45,22 @@ def free_port():
 
 
 class Engine(object):
-    def __init__(self, python, model, faults='', extra=(), speed=None):
+    def __init__(self, python, model, faults='', extra=(), speed=None, launcher_key=None):
+        """launcher_key: started as the unit starts it, through sglang_service's launcher with this key in
+        SGLANG_API_KEY (and no --api-key on its command line)."""
         self.port = free_port()
         self.url = 'http://127.0.0.1:{0}'.format(self.port)
         argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
-                '--port', str(self.port), '--api-key', KEY, '--tp', '8', '--max-running-requests', '64'] + list(extra)
+                '--port', str(self.port), '--tp', '8', '--max-running-requests', '64'] + list(extra)
+        if launcher_key is None:
+            argv += ['--api-key', KEY]
+        else:
+            argv.insert(1, LAUNCHER)
         # the switches it reads while it runs: a file of this engine's own (never the lab host's default)
         self.fault_file = os.path.join(tempfile.gettempdir(), 'glm5-emulator-faults-{0}'.format(self.port))
         env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults, GLM5_EMULATOR_FAULTS_FILE=self.fault_file)
+        if launcher_key is not None:
+            env['SGLANG_API_KEY'] = launcher_key
         env.pop('GLM5_EMULATOR_SPEED', None)
         if speed is not None:
             env['GLM5_EMULATOR_SPEED'] = str(speed)
@@ -153,20 +162,26 @@ def test_it_listens_with_uvicorns_backlog_as_sglang_does(engine):
     assert listening[0] == 'LISTEN' and int(listening[2]) == min(2048, cap), listening
 
 
-def test_a_key_that_begins_with_a_dash_reaches_the_engine_whole(python, model):
-    """secrets.token_urlsafe gives a key that begins with '-' once in 64: sglang's argparse takes `--api-key -x...`
-    for a missing value and an option; the unit passes --api-key=<key>, which it takes whole."""
+def test_the_key_from_the_environment_through_the_launcher_whole_and_on_no_command_line(python, model):
+    """The unit starts the engine through sglang_service's launcher, which takes the key from SGLANG_API_KEY and
+    gives it to sglang's parser as --api-key=<key>: secrets.token_urlsafe gives a key that begins with '-' once in 64,
+    and `--api-key -x...` is a missing value and an option to argparse. The key reaches the engine whole, and is not
+    on the process's command line (what every local user's ps reads)."""
     key = '-dash' + KEY
     r = subprocess.run([python, EMULATOR, '--model-path', model, '--api-key', key, '--port', '1'],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and 'argument --api-key: expected one argument' in r.stderr, r.stderr[-500:]
-    e = Engine(python, model, extra=['--api-key=' + key])
+    e = Engine(python, model, launcher_key=key)
     try:
         e.wait()
         body = {'model': 'glm-5', 'max_tokens': 4, 'messages': [{'role': 'user', 'content': 'What is 2 + 3?'}]}
         assert e.post('/v1/chat/completions', body, key=KEY).status_code == 401
         r = e.post('/v1/chat/completions', body, key=key)
         assert r.status_code == 200, r.text
+        with open('/proc/{0}/cmdline'.format(e.proc.pid), 'rb') as fh:
+            cmdline = fh.read().split(b'\0')
+        assert cmdline[1:3] == [LAUNCHER.encode(), EMULATOR.encode()] and b'--model-path' in cmdline, cmdline
+        assert not [a for a in cmdline if key.encode() in a or a.startswith(b'--api-key')], cmdline
     finally:
         e.stop()
 

@@ -184,9 +184,17 @@ def test_the_unit_says_what_to_test():
     assert '--api-key' not in u['argv'] and '--disable-radix-cache' in u['argv']
     other = sglang_unit_launch(UNIT.replace('--tp 8', '--tp 4'))
     assert other['flags_sha256'] != u['flags_sha256'] and len(u['flags_sha256']) == 64
-    # the unit as sglang_service writes it now (--api-key=: a key may begin with '-'): the same flag set
+    # older units (--api-key=: a key may begin with '-') and the unit as sglang_service writes it now (the key from the
+    # environment through the launcher, on no command line): the same flag set, the same identity in the history
     eq = sglang_unit_launch(UNIT.replace('--api-key ${SGLANG_API_KEY}', '--api-key=${SGLANG_API_KEY}'))
     assert eq['argv'] == u['argv'] and eq['flags_sha256'] == u['flags_sha256']
+    now = sglang_unit_launch(UNIT.replace(' --api-key ${SGLANG_API_KEY}', '').replace(
+        'python -m', 'python /usr/local/libexec/glm5-sglang-launch -m'))
+    assert now['argv'] == u['argv'] and now['flags_sha256'] == u['flags_sha256'] and now['python'] == u['python']
+    # the lab's unit: the emulator as a script after the launcher
+    lab = sglang_unit_launch(UNIT.replace(' --api-key ${SGLANG_API_KEY}', '').replace(
+        'python -m sglang.launch_server', 'python /usr/local/libexec/glm5-sglang-launch /opt/glm5/lab/sglang-emulator'))
+    assert lab['argv'][:2] == ['/opt/glm5/sglang/bin/python', '/opt/glm5/lab/sglang-emulator'] and lab['port'] == 8000
 
 
 def test_a_unit_without_a_launch_line_is_refused():

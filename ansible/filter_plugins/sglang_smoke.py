@@ -7,23 +7,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 
 from ansible.errors import AnsibleFilterError
 
+# the launcher sglang_service puts before the engine's entrypoint (roles/sglang_service/files/)
+LAUNCHER = 'glm5-sglang-launch'
+
 
 def sglang_unit_launch(unit_text):
     """A systemd unit's text -> {python, argv, base_url, host, port, model_path, tokenizer, served_model_name,
-    flags_sha256}. flags_sha256 is the sha256 of the launch arguments (the key placeholder left out): the flag set's
-    identity in the report."""
+    flags_sha256}. flags_sha256 is the sha256 of the launch arguments (the launcher and the older units' key placeholder
+    left out): the flag set's identity in the report."""
     if not isinstance(unit_text, str):
         raise AnsibleFilterError('sglang_unit_launch: expected the unit file as text')
     lines = [x for x in unit_text.splitlines() if x.startswith('ExecStart=')]
     if len(lines) != 1:
         raise AnsibleFilterError('sglang_unit_launch: the unit has {0} ExecStart= lines, expected one'.format(len(lines)))
     argv = shlex.split(lines[0][len('ExecStart='):])
-    # the key placeholder: --api-key=${SGLANG_API_KEY} (a generated key may begin with '-', which argparse would take
+    # python glm5-sglang-launch <entrypoint> <flags>: the launcher adds --api-key from the environment; not a flag
+    if len(argv) > 1 and os.path.basename(argv[1]) == LAUNCHER:
+        del argv[1]
+    # older units: the key placeholder: --api-key=${SGLANG_API_KEY} (a generated key may begin with '-', which argparse would take
     # for an option after a space), or the older --api-key ${SGLANG_API_KEY}; the same flag set either way
     if argv and argv[-1].startswith('--api-key='):
         argv = argv[:-1]
