@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
+from glm5_lab.paths import paths
 from siterun import ROOT, node_ssh, scenario_hosts, scenario_inventory, scenario_inventory_files, site
 
 pytestmark = pytest.mark.stack
@@ -97,12 +98,12 @@ def unit_state(fleet, node):
     return int(pid), int(start), ssh(node, 'cat', c['unit'], c['env_file'])
 
 
-def rollout(fleet, extra):
-    """site.yml --tags sglang under the load, the gateway's workers watched -> (Run, Load, Workers, seconds)."""
+def rollout(fleet, extra, *args):
+    """site.yml --tags sglang [args] under the load, the gateway's workers watched -> (Run, Load, Workers, seconds)."""
     with Load(fleet['url'], fleet['key'], fleet['model'], 4) as load, Workers(fleet['url'], fleet['admin']) as w:
         time.sleep(2)
         t0 = time.time()
-        run = site(extra, '--tags', 'sglang', inventory=fleet['inventory'], sglang=True)
+        run = site(extra, '--tags', 'sglang', *args, inventory=fleet['inventory'], sglang=True)
         took = time.time() - t0
         time.sleep(2)
     return run, load, w, took
@@ -143,11 +144,23 @@ def fleet_runs():
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def secrets_in(text, secrets):
+    """[(which secret, line number)] of each secret found in text: never the secret itself."""
+    return [(name, n) for n, line in enumerate(text.splitlines(), 1) for name, value in secrets.items() if value in line]
+
+
 def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_request(fleet, record_testsuite_property):
+    """Run at -vvv, what an operator debugging a rollout turns on: no secret in its output (the engine's key, the
+    gateway's admin key, the PVE password): every task that handles one is no_log."""
     first, second = NODES
     before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
-    run, load, w, took = rollout(fleet, dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
+    run, load, w, took = rollout(fleet, dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE), '-vvv')
     assert run.rc == 0, run
+    with open(paths()['password']) as fh:
+        secrets = {'the API key': fleet['key'], 'the admin key': fleet['admin'], 'the PVE password': fh.read().strip()}
+    assert min(len(v) for v in secrets.values()) >= 16
+    assert 'ESTABLISH' in run.raw, 'not a -vvv run'
+    assert secrets_in(run.raw, secrets) == [], 'a secret in the -vvv output (which, at which line)'
     after = {n: unit_state(fleet, n) for n in NODES}
     flag = '--{0} {1}'.format(*next(iter(FLAG_CHANGE.items())))
     for n in NODES:

@@ -4,6 +4,7 @@ gateway's own parser (the sglang_gateway_args module, smg from PyPI); the gatewa
 out (files/gateway-launch.py)."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -150,3 +151,37 @@ def test_the_gateways_start_with_fewer_than_two_workers_is_round_robin(capsys):
     assert launch.policy_for(['smg', 'launch', '--policy', 'power_of_two'])[-1] == 'round_robin'
     other = ['smg', 'launch', '--worker-urls', 'http://a:1', '--policy', 'cache_aware']
     assert launch.policy_for(other) == other
+
+
+# What smg would see, run by the launcher in its own process: printed as JSON.
+STAND_IN_SMG = """
+import json, os, sys
+with open('/proc/self/cmdline', 'rb') as fh:
+    cmdline = fh.read().decode()
+print(json.dumps({'argv': sys.argv, 'cmdline': cmdline, 'pid': os.getpid(),
+                  'env': sorted(k for k in os.environ if k.startswith('SMG_'))}))
+"""
+
+
+def test_the_gateways_keys_reach_smg_in_its_process_and_on_no_command_line(tmp_path):
+    """The unit passes ${SMG_API_KEY} and ${SMG_ADMIN_KEY} as text ($${...}: systemd would put the values on the
+    command line, where every local user's ps reads them); the launcher puts the environment's values in and runs
+    smg's entry script in its own process."""
+    smg = tmp_path / 'smg'
+    smg.write_text(STAND_IN_SMG)
+    path = os.path.join(ROOT, 'roles', 'sglang_gateway', 'files', 'gateway-launch.py')
+    key, admin = '-gw-key-0123456789abcdef', 'admin-key-0123456789abcdef'
+    env = dict(os.environ, SMG_API_KEY=key, SMG_ADMIN_KEY=admin, SMG_OTHER='kept')
+    argv = [sys.executable, path, str(tmp_path / 'none.json'), '--', str(smg), 'launch', '--port', '1',
+            '--api-key=${SMG_API_KEY}', '--control-plane-api-keys=glm5:glm5-ops:admin:${SMG_ADMIN_KEY}']
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out['argv'] == [str(smg), 'launch', '--port', '1', '--api-key=' + key,
+                           '--control-plane-api-keys=glm5:glm5-ops:admin:' + admin]
+    assert out['cmdline'].split('\0')[:-1] == argv and key not in out['cmdline'] and admin not in out['cmdline']
+    assert out['env'] == ['SMG_OTHER']             # the keys' variables gone before smg started; the rest kept
+    # a key the environment lacks stops the start, naming it
+    p = subprocess.run(argv, env=dict(env, SMG_ADMIN_KEY=''), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stdout == ''
+    assert 'gateway-launch: SMG_ADMIN_KEY not set or empty in the environment' in p.stderr, p.stderr

@@ -9,10 +9,21 @@ Only removes worker URLs (the launch line is the one the gateway's parser checke
 (the gateway starts empty, nodes join through its control plane). smg 1.13 refuses to start power_of_two with fewer
 than two workers: then it starts with round_robin (one worker or none: the same routing), said in the journal; its
 next start with two or more is power_of_two again. A missing file: none drained. An unreadable one: every node, said
-in the journal (a wrong list must not keep the front door shut)."""
+in the journal (a wrong list must not keep the front door shut).
+
+The keys: each ${NAME} in the arguments is the environment's NAME (the environment file's SMG_API_KEY and
+SMG_ADMIN_KEY), put in here, and smg runs in this process (the gateway environment's Python runs this file): the keys
+are on no command line - `ps` shows this file's line with ${SMG_API_KEY} as text, then smg's title - and the variables
+are gone from the environment before smg starts. A name the environment lacks (or has empty) stops the start."""
 import json
 import os
+import re
+import runpy
 import sys
+
+# ${NAME}: a secret the unit names and the environment file holds; the unit writes it $${NAME}, which systemd leaves
+# as text (it would put the value on the command line)
+SECRET = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)\}')
 
 
 def drained_workers(path):
@@ -70,12 +81,34 @@ def policy_for(argv):
     return argv
 
 
+def with_secrets(argv, environ):
+    """(argv with each ${NAME} replaced by environ's NAME, the names used); a name missing or empty: SystemExit."""
+    used, missing = set(), set()
+
+    def value(match):
+        name = match.group(1)
+        if not environ.get(name):
+            missing.add(name)
+            return ''
+        used.add(name)
+        return environ[name]
+    out = [SECRET.sub(value, arg) for arg in argv]
+    if missing:
+        sys.exit('gateway-launch: {0} not set or empty in the environment (the unit\'s environment file): refused'.format(
+            ', '.join(sorted(missing))))
+    return out, used
+
+
 def main(argv):
     if len(argv) < 4 or argv[2] != '--':
         sys.exit('usage: gateway-launch DRAINED_FILE -- SMG LAUNCH ARGV...')
-    cmd = policy_for(without(argv[3:], drained_workers(argv[1])))
+    cmd, used = with_secrets(policy_for(without(argv[3:], drained_workers(argv[1]))), os.environ)
+    for name in used:
+        del os.environ[name]
     sys.stderr.flush()
-    os.execv(cmd[0], cmd)
+    # smg's own entry script, in this process: its arguments (with the keys) in memory only
+    sys.argv = cmd
+    runpy.run_path(cmd[0], run_name='__main__')
 
 
 if __name__ == '__main__':
