@@ -8,6 +8,7 @@ The one that moves a GPU device node on the lab host away is marked `host`: it r
 import os
 
 import pytest
+from glm5_lab.paths import paths
 from siterun import site, snapshot
 
 GROUP_WARNING = 'Could not match supplied host pattern'
@@ -39,10 +40,16 @@ def gpus_of(cfg):
 
 @pytest.mark.ct
 def test_a_normal_run_changes_nothing_and_warns_nothing(node, ct):
-    r = run(node)
+    """At -vvv, as an operator debugging a run would: the PVE password (every task that sends it to the API is
+    no_log) is nowhere in the output."""
+    r = run(node, None, '-vvv')
     assert r.rc == 0 and 'changed=0' in r.out, r
     assert '[WARNING]' not in r.raw and GROUP_WARNING not in r.out, r
     assert len(gpus_of(config(ct))) == 8
+    with open(paths()['password']) as fh:
+        password = fh.read().strip()
+    assert len(password) >= 16 and 'ESTABLISH' in r.raw          # the lab's password; a -vvv run
+    assert [n for n, line in enumerate(r.raw.splitlines(), 1) if password in line] == [], 'the password, at these lines'
 
 
 @pytest.mark.ct
