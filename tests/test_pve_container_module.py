@@ -223,6 +223,19 @@ def test_refuses_container_it_did_not_create(pve, fakepve_cafile):
     assert res['destroyed'] and pve.ct(120) is None
 
 
+@pytest.mark.parametrize('was, now', [(False, True), (True, False)])
+def test_a_privileged_unprivileged_switch_is_refused_with_what_to_do(pve, fakepve_cafile, was, now):
+    """PVE cannot change `unprivileged` after creation: the run stops before any write, saying how to switch."""
+    assert not run(pve, fakepve_cafile, unprivileged=was).failed
+    before, config = len(writes(pve)), dict(pve.ct(120).config)
+    res = run(pve, fakepve_cafile, unprivileged=now, memory=16384)
+    assert res.failed and len(writes(pve)) == before and dict(pve.ct(120).config) == config
+    assert 'container 120 is {0}privileged and pve_container_unprivileged is {1}: PVE cannot convert a container in ' \
+           'place; nothing was changed'.format('un' if was else '', str(now).lower()) in res['msg'], res['msg']
+    assert 'pct restore 120 <the backup> --unprivileged {0} --force'.format(int(now)) in res['msg']
+    assert 'pve_container_state: absent' in res['msg']
+
+
 def test_absent_destroys_own_container(pve, fakepve_cafile):
     run(pve, fakepve_cafile)
     res = run(pve, fakepve_cafile, state='absent')

@@ -427,8 +427,14 @@ class PveContainer(object):
         if 'unprivileged' in current or self.p['unprivileged']:
             have = str(current.get('unprivileged', '0')) == '1'
             if have != self.p['unprivileged']:
-                self.fail('container {0} is {1}privileged; unprivileged cannot change after creation '
-                          '(rebuild the container to change it)'.format(self.p['vmid'], 'un' if have else ''))
+                vmid = self.p['vmid']
+                self.fail('container {0} is {1}privileged and pve_container_unprivileged is {2}: PVE cannot convert a '
+                          'container in place; nothing was changed. To switch it: back it up and restore it {3} '
+                          '(vzdump {0}, then pct restore {0} <the backup> --unprivileged {4} --force), or rebuild it '
+                          '(pve_container_state: absent, then this run again: the model weights, the SGLang cache and '
+                          'the bench history are bind mounts from the host and stay)'.format(
+                              vmid, 'un' if have else '', str(self.p['unprivileged']).lower(),
+                              'unprivileged' if self.p['unprivileged'] else 'privileged', int(self.p['unprivileged'])))
         want = desired_config(self.p)
         changed = sorted(k for k, v in want.items() if not values_match(k, v, current.get(k)))
         self.refuse_device_removal(current)
