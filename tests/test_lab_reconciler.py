@@ -6,11 +6,14 @@ instance of their own; `make test` brings the lab up first and sets GLM5_LAB=1, 
 """
 import json
 import os
+import pathlib
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -42,6 +45,22 @@ def test_lxc_config_passes_devices_with_their_major_minor_and_mounts(tmp_path, m
     node = os.path.join(str(tmp_path), 'passthrough', 'dev', 'null')
     assert 'lxc.mount.entry = {0} dev/null none bind,create=file 0 0'.format(node) in lines
     assert nodes[0] == (node, 'c', 0o600, 5, 6, os.stat('/dev/null').st_rdev)
+
+
+def test_lxc_config_of_an_unprivileged_container_maps_ids_as_pve_does(tmp_path):
+    config = {'unprivileged': 1, 'memory': 1024, 'dev0': '/dev/null,gid=44,mode=0660', 'dev1': '/dev/zero'}
+    text, nodes = lxc_config(120, config, str(tmp_path))
+    lines = text.splitlines()
+    assert lines[1:3] == ['lxc.include = /usr/share/lxc/config/debian.common.conf',
+                          'lxc.include = /usr/share/lxc/config/debian.userns.conf']
+    assert 'lxc.idmap = u 0 100000 65536' in lines and 'lxc.idmap = g 0 100000 65536' in lines
+    # the host's sysfs instance, not a mount of its own (the host's network namespace: refused to a user namespace)
+    assert lines.index('lxc.mount.auto =') < lines.index('lxc.mount.auto = proc:mixed cgroup:mixed')
+    assert 'lxc.mount.entry = /run/glm5-lab/sysfs sys none bind,create=dir 0 0' in lines
+    # dev[n]'s uid/gid are the container's: the host's nodes belong to the shifted ids
+    assert [(n[3], n[4]) for n in nodes] == [(100000, 100044), (100000, 100000)]
+    privileged, nodes = lxc_config(120, dict(config, unprivileged=0), str(tmp_path))
+    assert 'idmap' not in privileged and 'sysfs' not in privileged and nodes[0][3:5] == (0, 44)
 
 
 def test_lxc_config_on_a_cgroup2_host(tmp_path, monkeypatch):
@@ -92,6 +111,17 @@ def wait_for(pred, timeout=90):
     return False
 
 
+def clear_leftover(lab_api, lab, vmid, names=('lab-test', 'lab-test-stop')):
+    """What a killed run of these tests left at vmid (under one of their hostnames): destroyed, running or not, and
+    its LXC container gone before the test makes its own (a test that finds the old one's folder is not testing)."""
+    from proxmoxer.tools import Tasks
+    node = lab_api.nodes('pve1')
+    for left in node.lxc.get():
+        if int(left['vmid']) == vmid and left.get('name') in names:
+            Tasks.blocking_status(lab_api, node.lxc(vmid).delete(force=1, purge=1))
+    assert wait_for(lambda: not lab.exists(vmid)), 'CT {0} is still there from another test'.format(vmid)
+
+
 def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp_path):
     from proxmoxer.tools import Tasks
     vmid, node = 191, lab_api.nodes('pve1')
@@ -99,14 +129,12 @@ def test_lab_missing_device_fails_start_and_destroy_keeps_host_data(lab_api, tmp
     keep = tmp_path / 'host-data'
     keep.mkdir()
     (keep / 'weights.safetensors').write_text('precious')
-    for left in node.lxc.get():                     # what a killed run of this test left (its hostname, its vmid)
-        if int(left['vmid']) == vmid and left.get('name') == 'lab-test':
-            Tasks.blocking_status(lab_api, node.lxc(vmid).delete())
+    lab = LabLxc(paths())
+    clear_leftover(lab_api, lab, vmid)
     upid = node.lxc.post(vmid=vmid, hostname='lab-test', ostemplate=tmpl, rootfs='local-lvm:4', memory=512,
                          dev0='/dev/nvidia-lab-missing', mp0='{0},mp=/data'.format(keep), tags='glm5-managed')
     try:
         assert Tasks.blocking_status(lab_api, upid)['exitstatus'] == 'OK'
-        lab = LabLxc(paths())
         assert wait_for(lambda: lab.exists(vmid)), 'the reconciler did not build the LXC container'
         status = Tasks.blocking_status(lab_api, node.lxc(vmid).status.start.post())
         assert status['exitstatus'] == 'Device /dev/nvidia-lab-missing does not exist'
@@ -130,10 +158,7 @@ def test_a_stop_or_destroy_task_ends_when_the_lxc_container_has_stopped(lab_api)
     vmid, node = 191, lab_api.nodes('pve1')
     lab = LabLxc(paths())
     tmpl = [v['volid'] for v in node.storage('local').content.get(content='vztmpl')][0]
-    for left in node.lxc.get():                     # what a killed run of this test left (its hostname, its vmid)
-        if int(left['vmid']) == vmid and left.get('name') == 'lab-test-stop':
-            Tasks.blocking_status(lab_api, node.lxc(vmid).delete(force=1, purge=1))
-    assert wait_for(lambda: not lab.exists(vmid)), 'CT {0} is still there from another test'.format(vmid)
+    clear_leftover(lab_api, lab, vmid)
     upid = node.lxc.post(vmid=vmid, hostname='lab-test-stop', ostemplate=tmpl, rootfs='local-lvm:4', memory=512,
                          cpuunits=10, tags='glm5-managed')
     try:
@@ -329,3 +354,73 @@ def test_the_lab_paths_are_the_lab_inventorys(tmp_path):
     bad.write_text('lab_state_dir: /var/lib/x\nlab_template_dir: /var/cache/x\nlab_ssh_port_base: "{{ 20000 }}"\n')
     with pytest.raises(SystemExit, match='lab_ssh_port_base must be a plain port number'):
         lab_paths_from_inventory(str(bad))
+
+
+def test_an_unprivileged_container_is_pves_and_its_root_is_not_the_hosts(lab_api):
+    unprivileged_container_checks(lab_api, LabLxc(paths()))
+
+
+def unprivileged_container_checks(lab_api, lab):
+    """unprivileged=1, as pve-container makes one: the rootfs owned by the shifted ids (100000 + the id inside, set-id
+    bits kept), the container's root is host uid 100000, and systemd runs in it. A device passed with dev[n]'s gid=
+    and mode= is that group's inside (the host's node belongs to 100000 + gid): a user in the group opens the lab's
+    stand-in GPU node and gets the driver's ENXIO, another user EACCES. Root inside cannot do what host root can:
+    make a device node, write the host's sysfs, write a host folder it was not given (a bind mount owned by host root;
+    one owned by the shifted root is its own)."""
+    from proxmoxer.tools import Tasks
+    vmid, node = 189, lab_api.nodes('pve1')
+    tmpl = [v['volid'] for v in node.storage('local').content.get(content='vztmpl')][0]
+    # bind-mount sources the container's root can reach (pytest's own temporary folders are root's alone): LXC mounts
+    # them as that root (PVE as host root, in a hook)
+    top = pathlib.Path(tempfile.mkdtemp(prefix='glm5-unprivileged-', dir='/var/tmp'))
+    os.chmod(str(top), 0o755)
+    given, not_given = top / 'given', top / 'not-given'
+    given.mkdir()
+    not_given.mkdir()
+    os.chown(str(given), 100000, 100000)
+    clear_leftover(lab_api, lab, vmid, names=('lab-unprivileged',))
+    upid = node.lxc.post(vmid=vmid, hostname='lab-unprivileged', ostemplate=tmpl, rootfs='local-lvm:4', memory=512,
+                         unprivileged=1, dev0='/dev/nvidia0,gid=1234,mode=0660', mp0='{0},mp=/given'.format(given),
+                         mp1='{0},mp=/not-given'.format(not_given), tags='glm5-managed')
+
+    def inside(*cmd):
+        return lxc('lxc-attach', '-P', lab.lxcpath, '-n', lab.name(vmid), '--', *cmd, check=False, timeout=120)
+    try:
+        assert Tasks.blocking_status(lab_api, upid)['exitstatus'] == 'OK'
+        assert Tasks.blocking_status(lab_api, node.lxc(vmid).status.start.post())['exitstatus'] == 'OK'
+        assert wait_for(lambda: lab.state(vmid) == 'running', 120), lxc('tail', '-5', os.path.join(
+            lab.ctdir(vmid), 'lxc.log'), check=False).stdout
+        rootfs = os.path.join(lab.ctdir(vmid), 'rootfs')
+        assert (os.stat(os.path.join(rootfs, 'etc', 'hostname')).st_uid, os.stat(rootfs).st_gid) == (100000, 100000)
+        su = os.stat(os.path.join(rootfs, 'usr', 'bin', 'su'))
+        assert su.st_uid == 100000 and su.st_mode & stat.S_ISUID
+        init = int(lxc('lxc-info', '-P', lab.lxcpath, '-n', lab.name(vmid), '-pH').stdout)
+        assert os.stat('/proc/{0}'.format(init)).st_uid == 100000
+        assert inside('cat', '/proc/self/uid_map').stdout.split() == ['0', '100000', '65536']
+        state = inside('systemctl', 'is-system-running', '--wait')
+        assert state.stdout.strip() == 'running', inside('systemctl', '--failed', '--no-legend').stdout
+        # the GPU node: the gid inside as dev0 says, the host's node the shifted one
+        assert inside('stat', '-c', '%g %a', '/dev/nvidia0').stdout.split() == ['1234', '660']
+        host_node = os.stat(os.path.join(lab.ctdir(vmid), 'passthrough', 'dev', 'nvidia0'))
+        assert host_node.st_gid == 101234
+        opens = 'import errno\ntry:\n open("/dev/nvidia0", "rb")\nexcept OSError as e:\n print(errno.errorcode[e.errno])'
+        assert inside('setpriv', '--reuid=1000', '--regid=1234', '--clear-groups', 'python3', '-c',
+                      opens).stdout.strip() == 'ENXIO'
+        assert inside('setpriv', '--reuid=1000', '--regid=1000', '--clear-groups', 'python3', '-c',
+                      opens).stdout.strip() == 'EACCES'
+        # what root inside is refused (host root is not)
+        mknod = inside('mknod', '/tmp/null', 'c', '1', '3')
+        assert mknod.returncode != 0 and 'Operation not permitted' in mknod.stderr, mknod
+        sysfs = inside('sh', '-c', 'cat /sys/class/net/lo/mtu > /sys/class/net/lo/mtu')
+        assert sysfs.returncode != 0 and 'Permission denied' in sysfs.stderr, sysfs
+        assert inside('touch', '/given/written').returncode == 0
+        assert os.stat(str(given / 'written')).st_uid == 100000
+        refused = inside('touch', '/not-given/written')
+        assert refused.returncode != 0 and 'Permission denied' in refused.stderr, refused
+        assert not (not_given / 'written').exists()
+    finally:
+        if node.lxc(vmid).status.current.get()['status'] == 'running':
+            Tasks.blocking_status(lab_api, node.lxc(vmid).status.stop.post())
+        Tasks.blocking_status(lab_api, node.lxc(vmid).delete())
+    assert wait_for(lambda: not os.path.exists(lab.ctdir(vmid))), 'the reconciler did not remove the container'
+    shutil.rmtree(str(top))
