@@ -10,7 +10,7 @@ import stat
 import subprocess
 
 from glm5_lab.paths import ssh_port, write_if_changed, write_private
-from glm5_lab.pveconf import cpu_weight, lxc_config
+from glm5_lab.pveconf import ID_SHIFT, LAB_SYSFS, cpu_weight, is_unprivileged, lxc_config
 
 LOG = logging.getLogger('labd')
 
@@ -26,6 +26,31 @@ def _node_is(path, kind, mode, uid, gid, rdev):
 
 def _count_nodes(top):
     return sum(len(files) for _, _, files in os.walk(top))
+
+
+def shift_ids(top):
+    """Every file under top owned by the container's ids as an unprivileged container sees them (+ID_SHIFT), as
+    pve-container's create of an unprivileged container leaves its rootfs; set-id bits kept (chown clears them).
+    Idempotent: ids already shifted are left."""
+    count = 0
+    walk = os.walk(top) if os.path.isdir(top) and not os.path.islink(top) else [(top, [], [])]
+    for root, dirs, files in walk:
+        for path in [root] + [os.path.join(root, n) for n in dirs + files]:
+            st = os.lstat(path)
+            if st.st_uid >= ID_SHIFT and st.st_gid >= ID_SHIFT:
+                continue
+            os.lchown(path, st.st_uid % ID_SHIFT + ID_SHIFT, st.st_gid % ID_SHIFT + ID_SHIFT)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode))
+            count += 1
+    return count
+
+
+def mount_lab_sysfs():
+    """The sysfs instance unprivileged lab containers get (pveconf.LAB_SYSFS), mounted once per boot."""
+    os.makedirs(LAB_SYSFS, exist_ok=True)
+    if not os.path.ismount(LAB_SYSFS):
+        lxc('mount', '-t', 'sysfs', 'sysfs', LAB_SYSFS)
 
 
 def lxc(*args, check=True, timeout=120):
@@ -63,7 +88,7 @@ class LabLxc(object):
         r = lxc('lxc-info', '-P', self.lxcpath, '-n', self.name(vmid), '-sH', check=False)
         return r.stdout.strip().lower() or 'stopped'
 
-    def create(self, vmid, template, keys):
+    def create(self, vmid, template, keys, unprivileged=False):
         ctdir = self.ctdir(vmid)
         rootfs = os.path.join(ctdir, 'rootfs')
         os.makedirs(rootfs, exist_ok=True)
@@ -86,6 +111,8 @@ class LabLxc(object):
             sshdir = os.path.join(rootfs, 'root/.ssh')
             os.makedirs(sshdir, mode=0o700, exist_ok=True)
             write_private(os.path.join(sshdir, 'authorized_keys'), (keys.strip() + '\n').encode())
+        if unprivileged:
+            LOG.info('CT %s: unprivileged: %s files owned by the shifted ids', vmid, shift_ids(rootfs))
 
     def write_config(self, vmid, config):
         ctdir = self.ctdir(vmid)
@@ -103,6 +130,8 @@ class LabLxc(object):
         changed = False
         for path, content in files.items():
             changed = write_if_changed(path, content) or changed
+            if is_unprivileged(config):
+                shift_ids(path)
         if all(_node_is(*n) for n in nodes) and len(nodes) == _count_nodes(os.path.join(ctdir, 'passthrough')):
             return changed
         shutil.rmtree(os.path.join(ctdir, 'passthrough'), ignore_errors=True)
@@ -122,6 +151,9 @@ class LabLxc(object):
         return (r.stderr.strip() or 'lxc-cgroup failed') if r.returncode else None
 
     def start(self, vmid):
+        with open(os.path.join(self.ctdir(vmid), 'config')) as fh:
+            if 'lxc.mount.entry = {0} '.format(LAB_SYSFS) in fh.read():
+                mount_lab_sysfs()
         r = lxc('lxc-start', '-P', self.lxcpath, '-n', self.name(vmid), check=False)
         if r.returncode != 0:
             tail = ''

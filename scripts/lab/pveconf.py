@@ -12,6 +12,23 @@ from glm5.project import use_module_utils
 use_module_utils()
 from ansible.module_utils.pve_api import PROPERTY_DEFAULT_KEY, key_family, parse_property_string  # noqa: E402
 
+# PVE's id map for unprivileged containers: ids 0..65535 inside are 100000.. on the host (PVE's /etc/subuid and
+# /etc/subgid: root:100000:65536; lab_up.yml writes the same).
+ID_SHIFT, ID_COUNT = 100000, 65536
+# An unprivileged container on the host's network namespace may not mount sysfs (the kernel wants a network namespace
+# its user namespace owns; PVE's containers have their own): it gets this instance of the host's sysfs, mounted
+# without the host's cgroup mounts on it (LabLxc.start mounts it), bound non-recursively.
+LAB_SYSFS = '/run/glm5-lab/sysfs'
+
+
+def is_unprivileged(config):
+    return str(config.get('unprivileged', '0')) == '1'
+
+
+def host_id(config, inside):
+    """The host's uid/gid of an id inside the container (PVE maps dev[n]'s uid= and gid= so)."""
+    return inside + ID_SHIFT if is_unprivileged(config) else inside
+
 
 def _props_of(config, family):
     """Parsed property strings of one key family (dev, mp), as pve_container's own module_utils parses them."""
@@ -73,6 +90,14 @@ def lxc_config(vmid, config, ctdir):
         'lxc.log.file = {0}'.format(os.path.join(ctdir, 'lxc.log')),
         'lxc.log.level = WARN',
     ]
+    if is_unprivileged(config):
+        lines[2:2] = ['lxc.include = /usr/share/lxc/config/debian.userns.conf']
+        # userns.conf empties common.conf's capability drops; without sys_rawio systemd skips /sys/kernel/debug, which a
+        # user namespace may not mount (those three act on the host's namespaces, which the container's root does not own)
+        lines += ['lxc.cap.drop = sys_time sys_module sys_rawio',
+                  'lxc.idmap = u 0 {0} {1}'.format(ID_SHIFT, ID_COUNT), 'lxc.idmap = g 0 {0} {1}'.format(ID_SHIFT, ID_COUNT),
+                  'lxc.mount.auto =', 'lxc.mount.auto = proc:mixed cgroup:mixed',
+                  'lxc.mount.entry = {0} sys none bind,create=dir 0 0'.format(LAB_SYSFS)]
     memory = int(config.get('memory', 512))
     cores = int(config.get('cores', 0) or 0)
     if cg == 'lxc.cgroup2':
@@ -99,7 +124,8 @@ def lxc_config(vmid, config, ctdir):
                                                                    access))
         mode = int(dev.get('mode', '0660'), 8)
         node = os.path.join(ctdir, 'passthrough', path.lstrip('/'))
-        nodes.append((node, kind, mode, int(dev.get('uid', 0)), int(dev.get('gid', 0)), st.st_rdev))
+        nodes.append((node, kind, mode, host_id(config, int(dev.get('uid', 0))), host_id(config, int(dev.get('gid', 0))),
+                      st.st_rdev))
         lines.append('lxc.mount.entry = {0} {1} none bind,create=file 0 0'.format(node, path.lstrip('/')))
     for m in bind_mounts_of(config):
         opts = 'bind,create=dir' + (',ro' if m.get('ro') == '1' else '')

@@ -11,7 +11,7 @@ import re
 from glm5_lab.front import restore_ct
 from glm5_lab.lxc import LabLxc
 from glm5_lab.paths import HOST, NODE, POLL, PVE_START_SECS, TEMPLATES
-from glm5_lab.pveconf import start_error
+from glm5_lab.pveconf import is_unprivileged, start_error
 
 LOG = logging.getLogger('labd')
 
@@ -93,7 +93,8 @@ class Reconciler(object):
         if not self.lxc.exists(vmid):
             params = self.shared.params(vmid)
             tmpl = params.get('ostemplate') or default_template()
-            self.lxc.create(vmid, self.template_path(tmpl), params.get('ssh-public-keys'))
+            self.lxc.create(vmid, self.template_path(tmpl), params.get('ssh-public-keys'),
+                            unprivileged=is_unprivileged(config))
         written = self.lxc.write_config(vmid, config)
         lxc_state = self.lxc.state(vmid)
         if written and lxc_state == 'running':
