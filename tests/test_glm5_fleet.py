@@ -181,16 +181,25 @@ def lab(tmp_path_factory):
                    capture_output=True)
     python = os.path.join(environment('seed-validated')[1], 'bin', 'python')
     engines = [Engine(python, model, extra=['--api-key=' + FLEET]) for _ in range(2)]
+    # The gateway starts once both engines answer: smg registers the workers it is given at its start with retries
+    # whose spacing grows, and on a loaded CI machine (run 33's predecessor) the engines' first import outlasted the
+    # fixture's wait. The gateway's own log is kept for the message if it still does not see them.
+    try:
+        for e in engines:
+            e.wait()
+    except BaseException:
+        for e in engines:
+            e.stop()
+        raise
     port, metrics = free_port(), free_port()
+    log = open(str(top / 'gateway.log'), 'w')
     gateway = subprocess.Popen([SMG, 'launch', '--host', '127.0.0.1', '--port', str(port), '--prometheus-host',
                                 '127.0.0.1', '--prometheus-port', str(metrics), '--api-key', FLEET,
                                 '--control-plane-api-keys', 'glm5:glm5-ops:admin:' + ADMIN, '--disable-tokenizer-autoload',
                                 '--health-check-interval-secs', '1', '--policy', 'round_robin',
                                 '--shutdown-grace-period-secs', '1', '--worker-urls']
-                               + [e.url for e in engines], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               + [e.url for e in engines], stdout=log, stderr=subprocess.STDOUT)
     try:
-        for e in engines:
-            e.wait()
         (top / 'etc').mkdir()
         (top / 'etc' / 'gw.env').write_text('SMG_API_KEY={0}\nSMG_ADMIN_KEY={1}\nNO_COLOR=1\n'.format(FLEET, ADMIN))
         (top / 'key').write_text(FLEET + '\n')
@@ -202,12 +211,14 @@ def lab(tmp_path_factory):
         node = {n['node']: types.SimpleNamespace(name=n['node'], ssh=Recorder(n['node']),
                                                  contract={'url': n['url'], 'key_file': str(top / 'key')})
                 for n in nodes}
-        assert fleet._wait(lambda: len([w for w in gw.workers() if w['is_healthy']]) == 2, 60, 0.5), gw.workers()
+        assert fleet._wait(lambda: len([w for w in gw.workers() if w['is_healthy']]) == 2, 60, 0.5), \
+            (gw.workers(), (top / 'gateway.log').read_text()[-3000:])
         yield types.SimpleNamespace(gw=gw, node=node, engines=engines, top=top, contract=contract, port=port,
                                     metrics=metrics)
     finally:
         gateway.terminate()
         gateway.wait(30)
+        log.close()
         for e in engines:
             e.stop()
 
