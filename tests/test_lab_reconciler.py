@@ -397,8 +397,12 @@ def unprivileged_container_checks(lab_api, lab):
         init = int(lxc('lxc-info', '-P', lab.lxcpath, '-n', lab.name(vmid), '-pH').stdout)
         assert os.stat('/proc/{0}'.format(init)).st_uid == 100000
         assert inside('cat', '/proc/self/uid_map').stdout.split() == ['0', '100000', '65536']
-        state = inside('systemctl', 'is-system-running', '--wait')
-        assert state.stdout.strip() == 'running', inside('systemctl', '--failed', '--no-legend').stdout
+        # (right after the start systemd may not take questions yet: "Failed to connect to bus", nothing on stdout;
+        # CI's run 33 saw that on a busy machine. --wait then waits for the boot's end.)
+        states = []
+        assert wait_for(lambda: states.append(inside('systemctl', 'is-system-running', '--wait'))
+                        or states[-1].stdout.strip() in ('running', 'degraded'), 120), states[-3:]
+        assert states[-1].stdout.strip() == 'running', (states[-1], inside('systemctl', '--failed', '--no-legend'))
         # the GPU node: the gid inside as dev0 says, the host's node the shifted one
         assert inside('stat', '-c', '%g %a', '/dev/nvidia0').stdout.split() == ['1234', '660']
         host_node = os.stat(os.path.join(lab.ctdir(vmid), 'passthrough', 'dev', 'nvidia0'))
