@@ -111,3 +111,27 @@ def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api,
         if '--limit' not in args:
             assert 'fatal: [glm5-a]' in run.raw, run
     assert snapshot(lab_api, WATCHED) == before
+
+
+def test_an_unprivileged_node_on_a_privileged_nodes_cache_is_refused_naming_a_file(lab_api, tmp_path):
+    """A writable host directory holding files of the host's own ids (a privileged node's SGLang cache) is read-only to
+    an unprivileged container's root: refused before anything changes, naming a file and the one-time shift; the
+    directory keeps its owner, and the container is not created."""
+    top = tmp_path / 'srv'
+    caches = {name: top / name for name in ('models', 'sglang-cache', 'bench-history')}
+    for path in caches.values():
+        path.mkdir(parents=True)
+    (caches['sglang-cache'] / 'flashinfer').mkdir()           # root's (uid 0): what a privileged node leaves
+    (caches['models'] / 'weights.safetensors').write_text('')   # the model cache is only read: not a reason
+    extra = dict(VMID, pve_container_unprivileged=True, pve_container_model_cache_dir=str(caches['models']),
+                 pve_container_sglang_cache_dir=str(caches['sglang-cache']),
+                 pve_container_bench_history_dir=str(caches['bench-history']))
+    before, inventory = snapshot(lab_api, WATCHED), one_node(tmp_path)
+    for args in ((), ('--check',)):
+        run = site(extra, *args, inventory=inventory)
+        assert run.rc != 0, run
+        assert ('glm5-a is unprivileged (its root is 100000 on pve-lab), but {0} is owned by host ids outside '
+                '100000..165535, so read-only inside. Nothing was changed.'.format(caches['sglang-cache'] / 'flashinfer')
+                in run.out), run
+    assert snapshot(lab_api, WATCHED) == before
+    assert {os.stat(str(p)).st_uid for p in caches.values()} == {0}
