@@ -19,6 +19,7 @@ import types
 import pytest
 import requests
 from glm5 import cli, commands, fleet
+from glm5.errors import OpsError
 from glm5.inventory import Inventory, filter_plugin
 from glm5.render import status_text
 from glm5.transport import Local
@@ -181,9 +182,9 @@ def lab(tmp_path_factory):
                    capture_output=True)
     python = os.path.join(environment('seed-validated')[1], 'bin', 'python')
     engines = [Engine(python, model, extra=['--api-key=' + FLEET]) for _ in range(2)]
-    # The gateway starts once both engines answer: smg registers the workers it is given at its start with retries
-    # whose spacing grows, and on a loaded CI machine (run 33's predecessor) the engines' first import outlasted the
-    # fixture's wait. The gateway's own log is kept for the message if it still does not see them.
+    # The gateway starts once both engines answer, and registers them when its start-up bound has passed: smg 1.13 asks
+    # a start-up worker what it is without the worker key (401 from an engine with a key), and after the bound takes it
+    # for sglang (the role's sglang_gateway_worker_startup_timeout says more). The gateway's log is kept for the message.
     try:
         for e in engines:
             e.wait()
@@ -197,6 +198,7 @@ def lab(tmp_path_factory):
                                 '127.0.0.1', '--prometheus-port', str(metrics), '--api-key', FLEET,
                                 '--control-plane-api-keys', 'glm5:glm5-ops:admin:' + ADMIN, '--disable-tokenizer-autoload',
                                 '--health-check-interval-secs', '1', '--policy', 'round_robin',
+                                '--worker-startup-timeout-secs', '3', '--worker-startup-check-interval', '1',
                                 '--shutdown-grace-period-secs', '1', '--worker-urls']
                                + [e.url for e in engines], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -211,8 +213,13 @@ def lab(tmp_path_factory):
         node = {n['node']: types.SimpleNamespace(name=n['node'], ssh=Recorder(n['node']),
                                                  contract={'url': n['url'], 'key_file': str(top / 'key')})
                 for n in nodes}
-        assert fleet._wait(lambda: len([w for w in gw.workers() if w['is_healthy']]) == 2, 60, 0.5), \
-            (gw.workers(), (top / 'gateway.log').read_text()[-3000:])
+
+        def both_healthy():
+            try:
+                return len([w for w in gw.workers() if w['is_healthy']]) == 2
+            except OpsError:            # not listening yet: it was started a moment ago
+                return False
+        assert fleet._wait(both_healthy, 60, 0.5), (top / 'gateway.log').read_text()[-3000:]
         yield types.SimpleNamespace(gw=gw, node=node, engines=engines, top=top, contract=contract, port=port,
                                     metrics=metrics)
     finally:

@@ -51,11 +51,12 @@ class Engine(object):
         self.port = free_port()
         self.url = 'http://127.0.0.1:{0}'.format(self.port)
         argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
-                '--port', str(self.port), '--tp', '8', '--max-running-requests', '64'] + list(extra)
+                '--port', str(self.port), '--tp', '8', '--max-running-requests', '64']
         if launcher_key is None:
-            argv += ['--api-key', KEY]
+            argv += ['--api-key', KEY]          # before extra: a test's own --api-key there wins (argparse: the last)
         else:
             argv.insert(1, LAUNCHER)
+        argv += list(extra)
         # the switches it reads while it runs: a file of this engine's own (never the lab host's default)
         self.fault_file = os.path.join(tempfile.gettempdir(), 'glm5-emulator-faults-{0}'.format(self.port))
         env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults, GLM5_EMULATOR_FAULTS_FILE=self.fault_file)
