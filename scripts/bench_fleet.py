@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import ssl
 import threading
 import time
 import urllib.error
@@ -53,7 +54,7 @@ def lab():
     gw = inv.contract(gateway, which=GATEWAY_CONTRACT)
     nodes = inv.nodes()
     first = inv.host_vars(nodes[0])
-    return {'gateway': gateway, 'url': gw['url'], 'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
+    return {'gateway': gateway, 'url': gw['url'], 'ca': gw.get('ca_cert') or None, 'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
             'key': first.get('sglang_service_api_key'), 'nodes': nodes, 'metrics': gw['metrics_url'],
             'node_urls': [inv.contract(n)['url'] for n in nodes], 'model': first.get('sglang_service_served_model_name'),
             'tokenizer': first.get('lab_stand_in_model_dir'), 'ssh': {n: inv.host_vars(n) for n in nodes}}
@@ -62,8 +63,10 @@ def lab():
 class Load(object):
     """Threads asking the gateway again and again; counts answers and failures."""
 
-    def __init__(self, url, key, model, threads):
+    def __init__(self, url, key, model, threads, ca=None):
         self.url, self.key, self.model = url, key, model
+        # the gateway's TLS: its CA (the contract's ca_cert)
+        self.context = ssl.create_default_context(cafile=ca) if ca else None
         self.ok = self.failed = 0
         self.errors = {}
         self.stop = threading.Event()
@@ -77,7 +80,7 @@ class Load(object):
             req = urllib.request.Request(self.url + '/v1/chat/completions', body, {
                 'Authorization': 'Bearer ' + self.key, 'Content-Type': 'application/json'})
             try:
-                with urllib.request.urlopen(req, timeout=300) as resp:
+                with urllib.request.urlopen(req, timeout=300, context=self.context) as resp:
                     resp.read()
                     outcome = None
             except urllib.error.HTTPError as err:
@@ -104,7 +107,8 @@ class Load(object):
 
 def workers(fleet):
     req = urllib.request.Request(fleet['url'] + '/workers', headers={'Authorization': 'Bearer ' + fleet['admin']})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    context = ssl.create_default_context(cafile=fleet['ca']) if fleet['ca'] else None
+    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
         return {w['url']: w['is_healthy'] for w in json.load(resp)['workers']}
 
 
@@ -160,7 +164,7 @@ def main():
             one = bench(args.python, fleet['node_urls'][0], fleet['key'], fleet['model'], fleet['tokenizer'], c,
                         c * args.prompts_per_concurrency)
             two = bench(args.python, fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'], 2 * c,
-                        2 * c * args.prompts_per_concurrency)
+                        2 * c * args.prompts_per_concurrency, ca=fleet['ca'])
             rows += [('one node direct, concurrency {0}'.format(c), '{0:,.0f} tok/s'.format(one['tok_s']),
                       'p99 TTFT {0:,.0f} ms, {1} failed'.format(one['p99_ttft_ms'], one['failed'])),
                      ('gateway, 2 nodes, concurrency {0}'.format(2 * c), '{0:,.0f} tok/s'.format(two['tok_s']),
@@ -188,7 +192,7 @@ def main():
                       'connections refused by a full listen queue: {0} direct, {1} through the gateway'.format(
                           *r['overflows']))]
         if 'rolling' not in skip:
-            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load, fleet['ca']) as load:
                 there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))
             rows += [('rolling deploy under load: flag change, 2 nodes', '{0:.0f} s'.format(there),
                       '{0} answered, {1} failed {2}'.format(load.ok, load.failed, load.errors or ''))]
@@ -196,10 +200,10 @@ def main():
             # a change the first node's smoke test fails (the engine's NaN fault): rolled back, left out, the rollout stops;
             # then the inventory's own configuration rolled out again (the first node back in)
             bad = dict(SMOKE, sglang_service_env={'GLM5_EMULATOR_SPEED': '1', 'GLM5_EMULATOR_FAULTS': 'nan'})
-            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load, fleet['ca']) as load:
                 took = rollout(bad, must_pass=False)
                 after = workers(fleet)
-            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as again:
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load, fleet['ca']) as again:
                 recover = rollout(dict(SMOKE))
             rows += [('rollout of a change the first node fails', '{0:.0f} s'.format(took),
                       'then in the gateway: {0}; {1} answered, {2} failed {3}'.format(
@@ -211,7 +215,7 @@ def main():
         if 'kill' not in skip:
             node, url = fleet['nodes'][-1], fleet['node_urls'][-1]
             before = retries(fleet)
-            with Load(fleet['url'], fleet['key'], fleet['model'], args.load) as load:
+            with Load(fleet['url'], fleet['key'], fleet['model'], args.load, fleet['ca']) as load:
                 time.sleep(5)
                 t0 = time.time()
                 # killed, and kept down (systemd would restart it within seconds, before any health check noticed)

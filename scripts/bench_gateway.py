@@ -143,7 +143,7 @@ def percentile(values, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
+def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
     """One sglang.bench_serving run (the benchmarks' one: scripts/bench_fleet.py calls it too): total tok/s, p99 TTFT,
     failed requests, and each answered request's TTFT in ms (to merge the runs of clients side by side)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +154,8 @@ def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
                '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', str(seed),
                '--output-file', out, '--output-details']
         env = dict(os.environ, OPENAI_API_KEY=key, HF_HUB_OFFLINE='1')
+        if ca:      # an HTTPS gateway: the CA of its certificate
+            env.update(SSL_CERT_FILE=ca, REQUESTS_CA_BUNDLE=ca)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0 or not os.path.exists(out):
             sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-3000:]))

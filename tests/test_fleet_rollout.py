@@ -8,6 +8,7 @@ change (which brings the first node back). Both nodes end on the flag change, in
 audit runs after this one."""
 import json
 import os
+import ssl
 import threading
 import time
 import urllib.request
@@ -41,13 +42,14 @@ def ssh(host, *cmd):
 class Workers(threading.Thread):
     """The gateway's healthy workers (GET /workers), every half second while a rollout runs: [(t, {url, ...})]."""
 
-    def __init__(self, url, admin):
+    def __init__(self, url, admin, ca=None):
         super().__init__(daemon=True)
         self.url, self.admin, self.samples, self.stop = url, admin, [], threading.Event()
+        self.context = ssl.create_default_context(cafile=ca) if ca else None
 
     def now(self):
         req = urllib.request.Request(self.url + '/workers', headers={'Authorization': 'Bearer ' + self.admin})
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=self.context) as resp:
             return {w['url'] for w in json.load(resp)['workers'] if w.get('is_healthy')}
 
     def run(self):
@@ -78,10 +80,10 @@ def fleet(stack_node, tmp_path_factory):
     inv = scenario_inventory()
     gw = inv.contract(GATEWAY, which=GATEWAY_CONTRACT)
     nodes = {n: inv.contract(n) for n in NODES}
-    f = {'inventory': str(path), 'url': gw['url'], 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],
+    f = {'inventory': str(path), 'url': gw['url'], 'ca': gw['ca_cert'] or None, 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],
          'key': hv(GATEWAY)['sglang_gateway_api_key'], 'model': hv(NODES[0])['sglang_service_served_model_name'],
          'nodes': nodes, 'worker': {n: c['url'] for n, c in nodes.items()}}  # the lab's workers: the nodes' URLs
-    workers = Workers(f['url'], f['admin'])
+    workers = Workers(f['url'], f['admin'], f['ca'])
     for _ in range(60):                     # the verify put the first node back; healthy after two checks
         if workers.now() == set(f['worker'].values()):
             break
@@ -100,7 +102,8 @@ def unit_state(fleet, node):
 
 def rollout(fleet, extra, *args):
     """site.yml --tags sglang [args] under the load, the gateway's workers watched -> (Run, Load, Workers, seconds)."""
-    with Load(fleet['url'], fleet['key'], fleet['model'], 4) as load, Workers(fleet['url'], fleet['admin']) as w:
+    with Load(fleet['url'], fleet['key'], fleet['model'], 4, fleet['ca']) as load, \
+            Workers(fleet['url'], fleet['admin'], fleet['ca']) as w:
         time.sleep(2)
         t0 = time.time()
         run = site(extra, '--tags', 'sglang', *args, inventory=fleet['inventory'], sglang=True)
@@ -130,7 +133,7 @@ def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_nod
     # the rollout stopped there: the second node was not touched
     assert unit_state(fleet, second) == before[second], 'the rollout went on past a failed node'
     # the failed node stays out of the gateway; the other one served every request meanwhile
-    healthy = Workers(fleet['url'], fleet['admin']).now()
+    healthy = Workers(fleet['url'], fleet['admin'], fleet['ca']).now()
     assert healthy == {fleet['worker'][second]}, healthy
     assert all(isinstance(h, set) and fleet['worker'][second] in h for _, h in w.samples), w.samples
     assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
@@ -174,7 +177,7 @@ def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_reques
     assert first_out and second_out, samples
     assert max(first_out) < min(second_out), samples
     assert after[first][1] < after[second][1]
-    assert Workers(fleet['url'], fleet['admin']).now() == set(fleet['worker'].values())
+    assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
     assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
     # then the fleet smoke test through the gateway: swept (its nodes changed) and passed, both nodes counted
     new = fleet_runs()[len(fleet_before):]

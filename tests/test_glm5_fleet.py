@@ -90,8 +90,11 @@ def test_the_lab_gateway_its_contract_and_worker_urls_from_the_roles_filter():
     inv = Inventory(LAB)
     gw, = fleet.gateways(inv)
     assert gw.name == 'glm5-gw' and gw.nodes == LAB_NODES
+    assert gw.contract['ca_cert'] == '/var/lib/glm5-lab/fleet/gateway-ca/ca.crt'
+    assert gw.contract['ca_file'] == '/usr/local/share/ca-certificates/glm5-gateway-ca.crt'
+    assert gw.contract['client_url'] == 'https://127.0.0.1:30130'
     assert {k: gw.contract[k] for k in ('service', 'url', 'metrics_url', 'drained_file', 'env_file')} == {
-        'service': 'glm5-gateway', 'url': 'http://127.0.0.1:30130', 'metrics_url': 'http://127.0.0.1:29130/metrics',
+        'service': 'glm5-gateway', 'url': 'https://127.0.0.1:30130', 'metrics_url': 'http://127.0.0.1:29130/metrics',
         'drained_file': '/etc/glm5/glm5-gateway.drained.json', 'env_file': '/etc/glm5/glm5-gateway.env'}
     workers = filter_plugin('sglang_fleet_workers')(['glm5-lab'], fleet._Hostvars(inv), inv.defaults)
     assert workers[0]['url'] == 'http://127.0.0.1:30120' and workers[0]['key'] == ''

@@ -75,6 +75,12 @@ options:
       connection errors. Empty - not watched.
     type: str
     default: ''
+  ca_file:
+    description: >-
+      A CA file (PEM) to trust for an HTTPS base_url (the gateway's TLS), for bench_serving's HTTP clients
+      (SSL_CERT_FILE, REQUESTS_CA_BUNDLE). Empty - the system's trust.
+    type: path
+    default: ''
 author: GLM-5 node maintainers
 '''
 
@@ -282,6 +288,9 @@ def level(module, p, raw_output):
     # bench_serving's progress bar (tqdm) goes to the log at most once a second: glm5 bench follows it there
     env = dict(os.environ, OPENAI_API_KEY=p['api_key'] or 'none', PYTHONUNBUFFERED='1', HF_HUB_OFFLINE='1',
                TQDM_MININTERVAL='1')
+    if p['ca_file']:
+        # an HTTPS base_url (the gateway's TLS): its CA, for aiohttp (OpenSSL's SSL_CERT_FILE) and requests alike
+        env.update(SSL_CERT_FILE=p['ca_file'], REQUESTS_CA_BUNDLE=p['ca_file'])
     samples, code = 0, None
     t0 = time.monotonic()
     with open(p['log_file'], 'w') as log, open(p['samples_file'], 'a') as sfh:
@@ -351,6 +360,7 @@ def main():
             timeout=dict(type='int', default=3600),
             extra_args=dict(type='list', elements='str', default=[]),
             unit=dict(type='str', default=''),
+            ca_file=dict(type='path', default=''),
         ),
         supports_check_mode=False,
     )
