@@ -185,3 +185,56 @@ def test_the_gateways_keys_reach_smg_in_its_process_and_on_no_command_line(tmp_p
     p = subprocess.run(argv, env=dict(env, SMG_ADMIN_KEY=''), capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and p.stdout == ''
     assert 'gateway-launch: SMG_ADMIN_KEY not set or empty in the environment' in p.stderr, p.stderr
+
+
+TLS_INVENTORY = {'all': {'children': {
+    'inference_nodes': {'hosts': {n: {'ansible_host': '127.0.0.1', 'sglang_service_port': p,
+                                      'sglang_service_api_key': KEY} for n, p in (('a', 30001), ('b', 30002))}},
+    'gateways': {'hosts': {'gw': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable,
+                                  'sglang_gateway_api_key': KEY, 'sglang_gateway_admin_key': 'admin'}}}}}}
+TLS_PLAY = [{'hosts': 'gateways', 'gather_facts': False, 'tasks': [
+    {'ansible.builtin.include_role': {'name': 'sglang_gateway', 'tasks_from': 'contract.yml'}},
+    {'ansible.builtin.include_role': {'name': 'sglang_gateway', 'tasks_from': 'validate.yml'}}]}]
+
+
+@pytest.fixture(scope='module')
+def tls_check(tmp_path_factory):
+    """site.yml's first play for a gateway (its contract, then its checks: read-only), run on this machine with extra
+    variables -> (rc, output)."""
+    import yaml
+    top = tmp_path_factory.mktemp('tls')
+    (top / 'hosts.yml').write_text(yaml.safe_dump(TLS_INVENTORY))
+    (top / 'play.yml').write_text(yaml.safe_dump(TLS_PLAY))
+    for name in ('cert.pem', 'key.pem', 'ca.pem'):
+        (top / name).write_text('not read by the checks\n')
+
+    def run(**extra):
+        extra = {k: v.replace('TOP', str(top)) if isinstance(v, str) else v for k, v in extra.items()}
+        p = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i',
+                            str(top / 'hosts.yml'), str(top / 'play.yml'), '-e', json.dumps(extra)],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300,
+                           env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1'))
+        return p.returncode, ' '.join((p.stdout + p.stderr).split())
+    return run
+
+
+@pytest.mark.parametrize('extra, words', [
+    ({'sglang_gateway_tls_cert': 'TOP/cert.pem'},
+     "gw: sglang_gateway_tls_cert and sglang_gateway_tls_key go together (empty both: a certificate from the "
+     "package's CA in ~/.glm5/gateway-ca); sglang_gateway_tls_ca_cert is empty"),
+    ({'sglang_gateway_tls_cert': 'TOP/cert.pem', 'sglang_gateway_tls_key': 'TOP/key.pem'},
+     'gw: sglang_gateway_tls_ca_cert is empty: name the CA file clients trust for sglang_gateway_tls_cert'),
+    ({'sglang_gateway_tls_cert': 'TOP/cert.pem', 'sglang_gateway_tls_key': 'TOP/nokey.pem',
+      'sglang_gateway_tls_ca_cert': 'TOP/ca.pem'}, 'gw: TOP/nokey.pem is not a file on the controller'),
+    ({}, None),
+    ({'sglang_gateway_tls_cert': 'TOP/cert.pem', 'sglang_gateway_tls_key': 'TOP/key.pem',
+      'sglang_gateway_tls_ca_cert': 'TOP/ca.pem'}, None),
+    ({'sglang_gateway_tls': False, 'sglang_gateway_tls_cert': 'TOP/cert.pem'}, None),
+])
+def test_the_gateways_tls_settings_are_checked_before_any_change(tls_check, extra, words):
+    rc, out = tls_check(**extra)
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [gw]' in out, out
+        assert words.split('TOP')[0] in out, out
