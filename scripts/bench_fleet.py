@@ -28,10 +28,10 @@ import argparse
 import glob
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
-import ssl
 import threading
 import time
 import urllib.error
@@ -54,7 +54,8 @@ def lab():
     gw = inv.contract(gateway, which=GATEWAY_CONTRACT)
     nodes = inv.nodes()
     first = inv.host_vars(nodes[0])
-    return {'gateway': gateway, 'url': gw['url'], 'ca': gw.get('ca_cert') or None, 'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
+    return {'gateway': gateway, 'url': gw['url'], 'ca': gw.get('ca_cert') or None,
+            'admin': inv.host_vars(gateway).get('sglang_gateway_admin_key'),
             'key': first.get('sglang_service_api_key'), 'nodes': nodes, 'metrics': gw['metrics_url'],
             'node_urls': [inv.contract(n)['url'] for n in nodes], 'model': first.get('sglang_service_served_model_name'),
             'tokenizer': first.get('lab_stand_in_model_dir'), 'ssh': {n: inv.host_vars(n) for n in nodes}}
