@@ -369,7 +369,9 @@ def test_the_commands_show_no_key_and_put_none_on_a_command_line(lab, tmp_path, 
                                       for i, e in enumerate(lab.engines)}},
         'gateways': {'hosts': {'gw': {'ansible_connection': 'local', 'sglang_gateway_port': lab.port,
                                       'sglang_gateway_metrics_port': lab.metrics, 'sglang_gateway_api_key': FLEET,
-                                      'sglang_gateway_admin_key': ADMIN}}}}}}))
+                                      'sglang_gateway_admin_key': ADMIN,
+                                      # the fixture's smg serves plain HTTP (the role's default is HTTPS)
+                                      'sglang_gateway_tls': False}}}}}}))
     contract = fleet.gateway_contract
     monkeypatch.setattr(fleet, 'gateway_contract', lambda *a: dict(contract(*a), env_file=lab.contract['env_file'],
                                                                    drained_file=lab.contract['drained_file']))

@@ -265,7 +265,12 @@ def test_logs_follow_until_ctrl_c(inventory):
         assert any('sglang-emulator: serving' in x for x in seen[1:]), seen
     finally:
         p.send_signal(signal.SIGINT)
-        p.wait(20)
+        try:
+            # (CI run 35 saw it still following 20 s after the Ctrl-C, once; locally it ends within a second)
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError('glm5 logs -f still ran 60 s after Ctrl-C; it had printed: {0}'.format(seen[-5:])) from None
     assert p.returncode == 0, p.stderr.read()
 
 
