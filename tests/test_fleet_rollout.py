@@ -116,6 +116,24 @@ def out_of_gateway(w, url):
     return [t for t, healthy in w.samples if isinstance(healthy, set) and url not in healthy]
 
 
+def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(lab_api):
+    """What site.yml asked PVE for (pve_container_firewall's default for a node behind a gateway): the engine port
+    open to the gateway's address and closed to all others, the rules first, the firewall on with an input policy that
+    filters nothing else. (The lab's PVE keeps the firewall, it enforces none: README, stand-ins.)"""
+    gateway_address = hv(GATEWAY)['sglang_gateway_source_address'] or hv(GATEWAY)['ansible_host']
+    for node in NODES:
+        ct = lab_api.nodes(hv(node)['pve_container_node']).lxc(hv(node)['pve_container_vmid'])
+        port = str(hv(node)['sglang_service_port'])
+        rules = [(r['type'], r['action'], r.get('source'), r.get('proto'), str(r['dport']), int(r['enable']))
+                 for r in sorted(ct.firewall.rules.get(), key=lambda r: r['pos'])]
+        assert rules[:2] == [('in', 'ACCEPT', gateway_address, 'tcp', port, 1),
+                             ('in', 'DROP', None, 'tcp', port, 1)], (node, rules)
+        options = ct.firewall.options.get()
+        assert int(options['enable']) == 1 and options['policy_in'] == 'ACCEPT', (node, options)
+    gateway = lab_api.nodes(hv(GATEWAY)['pve_container_node']).lxc(hv(GATEWAY)['pve_container_vmid'])
+    assert gateway.firewall.rules.get() == []       # not a node: its firewall is left as it is
+
+
 def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):
     first, second = NODES
     before = {n: unit_state(fleet, n) for n in NODES}

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from glm5_lab import labd, pveconf
-from glm5_lab.front import persist_all
+from glm5_lab.front import persist_all, restore_ct
 from glm5_lab.lxc import LabLxc, lxc
 from glm5_lab.paths import LAB_VARS_FILE, STATE, TEMPLATES, lab_paths_from_inventory, paths, ssh_port
 from glm5_lab.pveconf import lxc_config, start_error
@@ -218,9 +218,20 @@ def test_persist_all_writes_what_get_config_shows_and_forgets_destroyed(tmp_path
     (tmp_path / 'lxc' / '149.json').write_text('{}')          # a container the API no longer holds
     (tmp_path / 'lxc' / '151.json').write_text('{"old": 1}')
     params = {150: {'ostemplate': 'local:vztmpl/t.tar.gz', 'ssh-public-keys': 'ssh-ed25519 AAAA x'}}
+    # its firewall, as PVE keeps it beside the config (/etc/pve/firewall/150.fw)
+    rule = {'type': 'in', 'action': 'DROP', 'proto': 'tcp', 'dport': '30000', 'enable': 1, 'comment': 'x'}
+    pve.firewall_config('ct', 'pve1', 150)['rules'].append(rule)
+    pve.firewall_config('ct', 'pve1', 150)['options']['enable'] = 1
     assert persist_all(pve, confdir, params) == {150, 151}
     with open(os.path.join(confdir, '150.json')) as fh:
-        assert json.load(fh) == {'vmid': 150, 'config': {'hostname': 'a', 'memory': 2048}, 'create': params[150]}
+        saved = json.load(fh)
+    firewall = saved.pop('firewall')
+    assert saved == {'vmid': 150, 'config': {'hostname': 'a', 'memory': 2048}, 'create': params[150]}
+    assert firewall['rules'] == [rule] and firewall['options'] == {'enable': 1}
+    # a lab restart puts it back with the container
+    again = FakePve(host='127.0.0.1', port=0)
+    restore_ct(again, dict(saved, firewall=firewall), running=False)
+    assert again.firewall_config('ct', 'pve1', 150)['rules'] == [rule]
     assert sorted(os.listdir(confdir)) == ['150.json', '151.json']
     assert (tmp_path / 'lxc' / '151.json').read_text() == '{"old": 1}'  # left alone until the create ends
 

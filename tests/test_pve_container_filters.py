@@ -1,7 +1,8 @@
 """pve_container_conflicts: two inventory nodes must not share a container id, SSH endpoint or host directory;
-pve_container_skip_reason: the plays inside a container enter it only when it really runs."""
+pve_container_skip_reason: the plays inside a container enter it only when it really runs; pve_container_engine_firewall:
+who may reach a node's engine port."""
 import pytest
-from pve_container_filters import pve_container_conflicts, pve_container_skip_reason
+from pve_container_filters import pve_container_conflicts, pve_container_engine_firewall, pve_container_skip_reason
 
 
 def node(host, vmid, port, dirs, api='pve1.example.com:8006', pve_host='pve1', address='127.0.0.1'):
@@ -95,3 +96,47 @@ def test_two_nodes_sharing_a_gpu_are_refused_naming_both(mine, theirs, words):
 def test_gpus_of_their_own_are_fine(mine, theirs, other_host):
     b = with_gpus(node('glm5-b', 121, 20121, ['/srv/b'], pve_host=other_host), theirs)
     assert pve_container_conflicts([with_gpus(A, mine), b], 'glm5-a') == []
+
+
+# ---- pve_container_engine_firewall: the engine port open to the node's gateways only ----
+def fleet(*nodes, source='10.0.0.5'):
+    return {'sglang_gateway_fleet': {'source': source, 'workers': [{'node': n, 'url': 'http://x'} for n in nodes]}}
+
+
+def test_a_node_behind_a_gateway_is_open_to_it_and_the_extra_sources_only():
+    hv = {'gw': fleet('n1', 'n2'), 'n1': {}, 'n2': {}}
+    out = pve_container_engine_firewall('n1', hv, ['gw'], 30000, None, ['10.1.0.0/24'])
+    assert out['manage'] and out['problems'] == [], out
+    assert out['firewall'] == {'enabled': True, 'rules': [
+        {'action': 'ACCEPT', 'source': '10.0.0.5', 'dport': '30000', 'comment': 'engine port from the gateway gw'},
+        {'action': 'ACCEPT', 'source': '10.1.0.0/24', 'dport': '30000',
+         'comment': 'engine port from 10.1.0.0/24 (pve_container_engine_sources)'},
+        {'action': 'DROP', 'dport': '30000', 'comment': 'engine port closed to all others'}]}
+    assert out['why'] == 'engine port 30000 open to gw, 10.1.0.0/24 only'
+
+
+def test_the_firewall_is_left_alone_without_a_gateway_or_when_a_gateway_was_not_read():
+    hv = {'gw': fleet('n2'), 'n1': {}, 'n2': {}}
+    out = pve_container_engine_firewall('n1', hv, ['gw'], 30000, None, [])
+    assert not out['manage'] and out['firewall'] is None and 'no gateway in front of n1' in out['why']
+    # a gateway left out by --limit: its nodes are unknown, nothing is removed or added
+    out = pve_container_engine_firewall('n1', {'gw': {}, 'n1': {}}, ['gw'], 30000, True, [])
+    assert not out['manage'] and 'settings of gw were not read' in out['why']
+
+
+def test_true_without_a_gateway_closes_the_port_to_all_but_the_sources_and_false_removes_the_rules():
+    out = pve_container_engine_firewall('n1', {'n1': {}}, [], 30000, True, [])
+    assert out['manage'] and [r['action'] for r in out['firewall']['rules']] == ['DROP']
+    assert out['why'] == 'engine port 30000 open to no one only'
+    out = pve_container_engine_firewall('n1', {'gw': {}, 'n1': {}}, ['gw'], 30000, False, [])
+    assert out['manage'] and out['firewall'] == {'enabled': False}
+
+
+def test_names_where_the_firewall_needs_addresses_are_refused_naming_the_variable():
+    hv = {'gw': fleet('n1', source='gw.example.com'), 'n1': {}}
+    out = pve_container_engine_firewall('n1', hv, ['gw'], 30000, None, ['monitor.example.com'])
+    assert out['problems'] == [
+        "n1 is behind gw, whose address 'gw.example.com' (sglang_gateway_source_address, else its ansible_host) is "
+        "not an IP address: PVE's firewall takes addresses, not names; set sglang_gateway_source_address on gw to the "
+        "address its connections come from (or pve_container_firewall: false on n1 to leave its firewall alone)",
+        "pve_container_engine_sources of n1: 'monitor.example.com' is not an IP address or CIDR"]

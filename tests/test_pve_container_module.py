@@ -41,11 +41,15 @@ def run(pve, cafile, check=False, diff=False, **args):
 
 
 LAST_OUTPUT = []
+WARNINGS = []
 
 
 @pytest.fixture(autouse=True)
 def _capture(monkeypatch, capsys):
     LAST_OUTPUT.clear()
+    WARNINGS.clear()
+    # what the module warns (Ansible's own list is the process's, shared by every test here)
+    monkeypatch.setattr(pve_container.AnsibleModule, 'warn', lambda self, text: WARNINGS.append(text))
     orig = pve_container.AnsibleModule._return_formatted
 
     def grab(self, kwargs):
@@ -412,3 +416,85 @@ def test_api_that_does_not_answer_is_one_clear_line(pve, fakepve_cafile):
     msg = one_line(res['msg'])
     assert msg.startswith('the PVE API at ' + pve.url + ' did not answer within 1 s')
     assert 'pve_container_api_host / pve_container_api_port' in msg
+
+
+# ---- The container's firewall: the module's rules first, in order; the user's kept; check mode writes nothing ----
+ENGINE_RULES = {'rules': [
+    {'action': 'ACCEPT', 'source': '10.0.0.5', 'dport': '30000', 'comment': 'engine port from glm5-gw'},
+    {'action': 'DROP', 'dport': '30000', 'comment': 'engine port: no one else'}]}
+
+
+def fw_rules(pve, vmid=120):
+    """The container's rules as PVE keeps them, first to last: (action, source, dport, comment, enable)."""
+    return [(r['action'], r.get('source'), r.get('dport'), r['comment'], int(r.get('enable', 0)))
+            for r in pve.firewall_config('ct', 'pve1', vmid)['rules']]
+
+
+def test_firewall_rules_go_first_in_order_and_the_firewall_on_without_closing_anything_else(pve, fakepve_cafile):
+    netif = {'net0': 'name=eth0,bridge=vmbr0,ip=dhcp,firewall=1'}
+    res = run(pve, fakepve_cafile, firewall=ENGINE_RULES, netif=netif)
+    assert not res.failed, res
+    assert fw_rules(pve) == [('ACCEPT', '10.0.0.5', '30000', 'glm5-managed: engine port from glm5-gw', 1),
+                             ('DROP', None, '30000', 'glm5-managed: engine port: no one else', 1)]
+    options = pve.firewall_config('ct', 'pve1', 120)['options']
+    # on, and PVE's guest default (DROP) not left to cut SSH and everything else the rules do not name
+    assert int(options['enable']) == 1 and options['policy_in'] == 'ACCEPT'
+    # the datacenter firewall is off in a fresh PVE: said, not hidden
+    assert res['firewall']['enforced'] is False
+    assert res['firewall']['not_enforced'] == [res['firewall']['not_enforced'][0]]
+    assert 'datacenter firewall is off' in res['firewall']['not_enforced'][0]
+    assert WARNINGS == ['CT 120: PVE filters nothing with its firewall rules: ' + res['firewall']['not_enforced'][0]]
+    pve.requests.clear()
+    again = run(pve, fakepve_cafile, firewall=ENGINE_RULES, netif=netif)
+    assert again['changed'] is False and writes(pve) == [], again
+
+
+def test_firewall_keeps_the_users_rules_and_policy_and_moves_its_own_back_on_top(pve, fakepve_cafile):
+    run(pve, fakepve_cafile, firewall=ENGINE_RULES)
+    conf = pve.firewall_config('ct', 'pve1', 120)
+    conf['options']['policy_in'] = 'DROP'
+    # the user's rule put above ours, and one of ours edited by hand
+    conf['rules'].insert(0, {'type': 'in', 'action': 'ACCEPT', 'macro': 'SSH', 'enable': 1, 'comment': 'admins'})
+    conf['rules'][1]['source'] = '10.9.9.9'
+    res = run(pve, fakepve_cafile, check=True, diff=True, firewall=ENGINE_RULES)
+    assert res['changed'] and res['firewall']['changed']
+    assert res['diff']['before']['firewall'][0]['source'] == '10.9.9.9'
+    assert res['diff']['after']['firewall'][0]['source'] == '10.0.0.5'
+    assert conf['rules'][1]['source'] == '10.9.9.9'          # check mode: nothing written
+    res = run(pve, fakepve_cafile, firewall=ENGINE_RULES)
+    assert not res.failed and res['changed'], res
+    assert [r[3] for r in fw_rules(pve)] == ['glm5-managed: engine port from glm5-gw',
+                                             'glm5-managed: engine port: no one else', 'admins']
+    assert fw_rules(pve)[0][1] == '10.0.0.5'
+    assert pve.firewall_config('ct', 'pve1', 120)['options']['policy_in'] == 'DROP'   # the user's policy stays
+
+
+def test_firewall_off_removes_only_its_rules_and_unset_leaves_it_alone(pve, fakepve_cafile):
+    run(pve, fakepve_cafile, firewall=ENGINE_RULES)
+    conf = pve.firewall_config('ct', 'pve1', 120)
+    conf['rules'].append({'type': 'in', 'action': 'ACCEPT', 'macro': 'SSH', 'enable': 1, 'comment': 'admins'})
+    pve.requests.clear()
+    assert run(pve, fakepve_cafile)['changed'] is False and writes(pve) == []      # not managed: not touched
+    res = run(pve, fakepve_cafile, firewall={'enabled': False})
+    assert not res.failed and res['changed'], res
+    assert [r[3] for r in fw_rules(pve)] == ['admins']
+    assert int(conf['options']['enable']) == 1        # the switch stays as it was
+    assert run(pve, fakepve_cafile, firewall={'enabled': False})['changed'] is False
+
+
+def test_firewall_on_a_new_container_in_check_mode_plans_its_rules(pve, fakepve_cafile):
+    res = run(pve, fakepve_cafile, check=True, firewall=ENGINE_RULES)
+    assert res['changed'] and res['firewall']['changed'] and len(res['firewall']['rules']) == 2
+    assert writes(pve) == [] and pve.ct(120) is None
+
+
+@pytest.mark.parametrize('rule, words', [
+    ({'action': 'ACCEPT', 'source': 'gw.example.com', 'dport': '30000', 'comment': 'x'}, 'not an IP address'),
+    ({'action': 'ACCEPT', 'dport': '70000', 'comment': 'x'}, 'not a port'),
+    ({'action': 'ACCEPT', 'dport': '30000,30001', 'comment': 'x'}, 'not a port'),
+    ({'action': 'ACCEPT', 'dport': '30000', 'comment': 'a\nb'}, 'one non-empty line'),
+])
+def test_bad_firewall_rule_is_refused_before_any_call(pve, fakepve_cafile, rule, words):
+    res = run(pve, fakepve_cafile, firewall={'rules': [rule]})
+    assert res.failed and words in res['msg'], res
+    assert pve.requests == []

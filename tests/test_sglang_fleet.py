@@ -191,6 +191,7 @@ TLS_INVENTORY = {'all': {'children': {
     'inference_nodes': {'hosts': {n: {'ansible_host': '127.0.0.1', 'sglang_service_port': p,
                                       'sglang_service_api_key': KEY} for n, p in (('a', 30001), ('b', 30002))}},
     'gateways': {'hosts': {'gw': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable,
+                                  'ansible_host': '127.0.0.1',
                                   'sglang_gateway_api_key': KEY, 'sglang_gateway_admin_key': 'admin'}}}}}}
 TLS_PLAY = [{'hosts': 'gateways', 'gather_facts': False, 'tasks': [
     {'ansible.builtin.include_role': {'name': 'sglang_gateway', 'tasks_from': 'contract.yml'}},
@@ -238,3 +239,21 @@ def test_the_gateways_tls_settings_are_checked_before_any_change(tls_check, extr
     else:
         assert rc != 0 and 'fatal: [gw]' in out, out
         assert words.split('TOP')[0] in out, out
+
+
+@pytest.mark.parametrize('extra, words', [
+    ({'sglang_gateway_source_address': 'gw.example.com'},
+     "a is behind gw, whose address 'gw.example.com' (sglang_gateway_source_address, else its ansible_host) is not "
+     "an IP address"),
+    ({'pve_container_engine_sources': ['10.1.0.0/24', 'monitor.example.com']},
+     "pve_container_engine_sources of a: 'monitor.example.com' is not an IP address or CIDR"),
+    # the nodes' firewall left to the user: the gateway's name is no problem
+    ({'sglang_gateway_source_address': 'gw.example.com', 'pve_container_firewall': False}, None),
+    ({'sglang_gateway_source_address': '10.0.0.5', 'pve_container_engine_sources': ['10.1.0.0/24']}, None),
+])
+def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_check, extra, words):
+    rc, out = tls_check(**extra)
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [gw]' in out and words in out, out

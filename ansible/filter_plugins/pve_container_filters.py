@@ -1,6 +1,8 @@
-"""Filters of the pve_container role: cross-host checks on the inventory's inference nodes (preflight), and
-why the plays inside a container must skip it (connect)."""
+"""Filters of the pve_container role: cross-host checks on the inventory's inference nodes (preflight), why the
+plays inside a container must skip it (connect), and who may reach a node's engine port (its firewall)."""
 from __future__ import annotations
+
+import ipaddress
 
 DOCUMENTATION = r'''
 name: pve_container_conflicts
@@ -19,6 +21,10 @@ notes:
   - C(pve_container_skip_reason) takes the pve_container module's result, the wanted state and whether this is
     check mode, and says why the plays inside the container cannot enter it (absent, stopped, or running only in
     check mode's prediction); empty when it runs.
+  - C(pve_container_engine_firewall) takes the node's name, hostvars, the gateways' names, the engine's port, the
+    node's pve_container_firewall (true, false or null) and pve_container_engine_sources, and returns
+    C({manage, firewall, why, problems}) - C(firewall) is the pve_container module's firewall option: the engine port
+    open to the node's gateways (their sglang_gateway_fleet's C(source)) and the extra sources, closed to all others.
 '''
 
 EXAMPLES = r'''
@@ -91,6 +97,57 @@ def pve_container_skip_reason(result, state, check_mode=False):
     return ''
 
 
+def _is_address(text):
+    try:
+        ipaddress.ip_network(str(text), strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def pve_container_engine_firewall(node, hostvars, gateways, port, setting=None, sources=()):
+    """The firewall of an inference node's container: its engine port open to its gateways (and the extra sources)
+    only. {'manage': bool, 'firewall': the module's option or None, 'why': str, 'problems': [str]}."""
+    fronting, unknown = [], []
+    for g in gateways or []:
+        fleet = hostvars[g].get('sglang_gateway_fleet') if g in hostvars else None
+        if not fleet:
+            unknown.append(g)
+        elif node in [w.get('node') for w in fleet.get('workers', [])]:
+            fronting.append((g, str(fleet.get('source') or '')))
+    if setting is False:
+        return dict(manage=True, firewall={'enabled': False}, problems=[],
+                    why='pve_container_firewall: false: the package\'s rules are removed')
+    if unknown:
+        return dict(manage=False, firewall=None, problems=[],
+                    why='the settings of {0} were not read in this run (--limit leaves their first play out): the '
+                        'firewall of {1} is left as it is'.format(', '.join(unknown), node))
+    if setting is None and not fronting:
+        return dict(manage=False, firewall=None, problems=[],
+                    why='no gateway in front of {0} (pve_container_firewall: null): its firewall is left as it '
+                        'is'.format(node))
+    problems, rules = [], []
+    for g, source in fronting:
+        if not _is_address(source):
+            problems.append('{0} is behind {1}, whose address {2!r} (sglang_gateway_source_address, else its '
+                            'ansible_host) is not an IP address: PVE\'s firewall takes addresses, not names; set '
+                            'sglang_gateway_source_address on {1} to the address its connections come from (or '
+                            'pve_container_firewall: false on {0} to leave its firewall alone)'.format(node, g, source))
+        rules.append({'action': 'ACCEPT', 'source': source, 'dport': str(port),
+                      'comment': 'engine port from the gateway {0}'.format(g)})
+    for source in sources or []:
+        if not _is_address(source):
+            problems.append('pve_container_engine_sources of {0}: {1!r} is not an IP address or CIDR'.format(
+                node, source))
+        rules.append({'action': 'ACCEPT', 'source': str(source), 'dport': str(port),
+                      'comment': 'engine port from {0} (pve_container_engine_sources)'.format(source)})
+    rules.append({'action': 'DROP', 'dport': str(port), 'comment': 'engine port closed to all others'})
+    opened = [g for g, _ in fronting] + [str(s) for s in sources or []]
+    return dict(manage=True, firewall={'enabled': True, 'rules': rules}, problems=problems,
+                why='engine port {0} open to {1} only'.format(port, ', '.join(opened) or 'no one'))
+
+
 class FilterModule(object):
     def filters(self):
-        return {'pve_container_conflicts': pve_container_conflicts, 'pve_container_skip_reason': pve_container_skip_reason}
+        return {'pve_container_conflicts': pve_container_conflicts, 'pve_container_skip_reason': pve_container_skip_reason,
+                'pve_container_engine_firewall': pve_container_engine_firewall}

@@ -85,6 +85,36 @@ options:
     type: bool
     default: false
   timeout: {description: Seconds to wait for each PVE task., type: int, default: 600}
+  firewall:
+    description:
+      - The container's own PVE firewall (C(/nodes/{node}/lxc/{vmid}/firewall)). Unset, it is not touched.
+      - The module owns the rules whose comment begins with I(managed_tag) and a colon; it keeps them first, in the
+        order of I(firewall.rules), and leaves every other rule where it is below them.
+      - Turning the firewall on sets the container's input policy to C(ACCEPT) when none is set (PVE's default for a
+        guest is C(DROP), which would cut every connection the rules do not name, SSH too), so only the rules' ports
+        are filtered. A policy that is set is left as it is.
+      - PVE enforces a guest's rules only when the datacenter firewall is on and on interfaces with C(firewall=1).
+        When either is missing the module warns and returns C(firewall.enforced=false) with the reasons.
+    type: dict
+    suboptions:
+      enabled:
+        description: On, with I(rules). Off, the module's rules are removed (the firewall switch and other rules stay).
+        type: bool
+        default: true
+      rules:
+        description: Inbound rules, first to last.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          action: {description: What happens to a match., type: str, required: true, choices: [ACCEPT, DROP, REJECT]}
+          source: {description: "Source address or CIDR; unset: any.", type: str}
+          proto: {description: Protocol., type: str, default: tcp}
+          dport: {description: "Destination port or range (C(30000), C(8000:8010)).", type: str, required: true}
+          comment:
+            description: What the rule is for (the module puts I(managed_tag) and a colon before it).
+            type: str
+            required: true
 notes:
   - PVE lets only C(root@pam) set C(dev[n]), bind mounts, hookscripts and features other than C(nesting).
     With an API token such a request fails before any API call. Tokens work for containers without them.
@@ -129,8 +159,15 @@ removed_devices:
   returned: always
   type: list
 config: {description: The managed part of the container config after the run., returned: always, type: dict}
+firewall:
+  description:
+    - "With I(firewall): C(enabled), C(rules) (the module's, as PVE keeps them), C(changed) (rules or options written,
+      or that would be), C(enforced) and C(not_enforced) (why PVE filters nothing with them)."
+  returned: when firewall is set
+  type: dict
 '''
 
+import ipaddress
 import re
 
 from ansible.module_utils.basic import AnsibleModule
@@ -152,6 +189,10 @@ ROLE_VARIABLES = dict(
 SAFE_PATH = re.compile(r'^/[^,=;\s]*$')
 TAG_RE = re.compile(r'^[a-z0-9_][a-z0-9_\-+.]*$')
 ONLY_ROOT_FEATURES_OK = {'nesting'}
+# A destination port or range as PVE's firewall takes it (one of each, no lists: the module's rules name one port).
+DPORT_RE = re.compile(r'^([0-9]{1,5})(:[0-9]{1,5})?$')
+# The fields of a rule the module compares (what it sends; PVE adds pos, digest and ipversion).
+RULE_FIELDS = ('type', 'action', 'source', 'proto', 'dport', 'enable', 'comment')
 
 
 def argument_spec():
@@ -194,6 +235,16 @@ def argument_spec():
         allow_restart=dict(type='bool', default=False),
         allow_device_removal=dict(type='bool', default=False),
         timeout=dict(type='int', default=600),
+        firewall=dict(type='dict', options=dict(
+            enabled=dict(type='bool', default=True),
+            rules=dict(type='list', elements='dict', default=[], options=dict(
+                action=dict(type='str', required=True, choices=['ACCEPT', 'DROP', 'REJECT']),
+                source=dict(type='str'),
+                proto=dict(type='str', default='tcp'),
+                dport=dict(type='str', required=True),
+                comment=dict(type='str', required=True),
+            )),
+        )),
     )
     return spec
 
@@ -243,6 +294,7 @@ def validate(params):
     for key in params['netif']:
         if not re.fullmatch(r'net\d+', key):
             errors.append('netif key {0!r} must be net0, net1, ...'.format(key))
+    errors += firewall_errors(params['firewall'])
     if params['api_token_id']:
         # PVE reserves these for root@pam: a token (even root@pam!x) is refused, so say so before calling.
         reasons = []
@@ -258,6 +310,54 @@ def validate(params):
                           'a password (ticket). Use api_password for root@pam, or drop those settings.'.format(
                               params['api_token_id'], ' and '.join(reasons)))
     return errors
+
+
+def firewall_errors(firewall):
+    """What is wrong with the firewall option's rules (PVE would refuse them, or read them otherwise)."""
+    errors = []
+    for i, rule in enumerate((firewall or {}).get('rules') or []):
+        if rule['source']:
+            try:
+                ipaddress.ip_network(rule['source'], strict=False)
+            except ValueError:
+                errors.append('firewall.rules[{0}].source {1!r} is not an IP address or CIDR (PVE\'s firewall takes '
+                              'addresses, not host names)'.format(i, rule['source']))
+        m = DPORT_RE.match(rule['dport'])
+        if not m or not all(1 <= int(x.lstrip(':')) <= 65535 for x in m.groups() if x):
+            errors.append('firewall.rules[{0}].dport {1!r} is not a port 1..65535 or a range a:b'.format(
+                i, rule['dport']))
+        if not rule['comment'].strip() or '\n' in rule['comment']:
+            errors.append('firewall.rules[{0}].comment must be one non-empty line'.format(i))
+    return errors
+
+
+def wanted_rules(firewall, tag):
+    """The module's rules as PVE keeps them (each field a string; the comment tagged), first to last."""
+    if not firewall or not firewall['enabled']:
+        return []
+    out = []
+    for rule in firewall['rules']:
+        want = {'type': 'in', 'action': rule['action'], 'proto': rule['proto'], 'dport': rule['dport'], 'enable': '1',
+                'comment': '{0}: {1}'.format(tag, rule['comment'].strip())}
+        if rule['source']:
+            net = ipaddress.ip_network(rule['source'], strict=False)
+            # PVE drops a CIDR's host bits and keeps a single address as it is
+            want['source'] = rule['source'] if '/' not in rule['source'] else str(net)
+        out.append(want)
+    return out
+
+
+def netif_firewall(netif):
+    """Whether a net[n] property string has firewall=1."""
+    try:
+        return str(parse_property_string(netif, 'name').get('firewall', '0')) == '1'
+    except ValueError:
+        return False
+
+
+def rule_view(rule):
+    """A rule of GET .../firewall/rules in the form wanted_rules gives."""
+    return {k: str(rule[k]) for k in RULE_FIELDS if rule.get(k) not in (None, '')}
 
 
 def desired_config(params):
@@ -381,6 +481,8 @@ class PveContainer(object):
             self.create()
         else:
             self.update(config)
+        if self.p['firewall'] is not None:
+            self.firewall()
         self.power()
         return self.result
 
@@ -470,6 +572,66 @@ class PveContainer(object):
                 self.module.warn('CT {0}: {1} take effect at the next restart; set {2}: true to restart '
                                  'now'.format(self.p['vmid'], ', '.join(changed + deleted),
                                               ROLE_VARIABLES['allow_restart']))
+
+    # -------------------------------------------------------------- firewall
+    def firewall(self):
+        """The container's firewall: the module's rules first and in order, the firewall on (or the rules gone)."""
+        fw = self.p['firewall']
+        tag = self.p['managed_tag'] + ':'
+        # a container this run creates has no firewall yet, unless an old one of its id left its rules (PVE keeps a
+        # guest's firewall file by id): read it then, except in check mode, where nothing was created
+        exists = not (self.result['created'] and self.module.check_mode)
+        rules = self.call('reading firewall rules', self._ct().firewall.rules.get) if exists else []
+        options = self.call('reading firewall options', self._ct().firewall.options.get) if exists else {}
+        rules = sorted(rules, key=lambda r: int(r.get('pos', 0)))
+        ours = [r for r in rules if str(r.get('comment', '')).startswith(tag)]
+        want = wanted_rules(fw, self.p['managed_tag'])
+        in_place = [rule_view(r) for r in rules[:len(want)]] == want and len(ours) == len(want)
+        set_options = {}
+        if fw['enabled']:
+            if str(options.get('enable', 0)) != '1':
+                set_options['enable'] = 1
+                if not options.get('policy_in'):
+                    set_options['policy_in'] = 'ACCEPT'
+        report = dict(enabled=fw['enabled'], rules=want, changed=not in_place or bool(set_options),
+                      options=set_options)
+        self.result['firewall'] = report
+        if report['changed']:
+            self.result['changed'] = True
+            diff = self.result.setdefault('diff', dict(before={}, after={}))
+            diff['before']['firewall'] = [rule_view(r) for r in ours]
+            diff['after']['firewall'] = want
+            if set_options:
+                diff['before']['firewall_options'] = {k: str(options.get(k, '')) for k in sorted(set_options)}
+                diff['after']['firewall_options'] = {k: str(v) for k, v in sorted(set_options.items())}
+        if fw['enabled']:
+            self.firewall_enforcement(report)
+        if self.module.check_mode or not report['changed']:
+            return
+        if not in_place:
+            # highest position first: each delete moves the rules below it up
+            for r in sorted(ours, key=lambda r: -int(r['pos'])):
+                self.call('deleting firewall rule {0}'.format(r['pos']), self._ct().firewall.rules(r['pos']).delete)
+            # PVE puts a new rule first: the last one is written first
+            for rule in reversed(want):
+                self.call('writing firewall rule {0!r}'.format(rule['comment']), self._ct().firewall.rules.post,
+                          **rule)
+        if set_options:
+            self.call('turning the firewall on', self._ct().firewall.options.put, **set_options)
+
+    def firewall_enforcement(self, report):
+        """Whether PVE filters anything with the rules: the datacenter firewall on, an interface with firewall=1."""
+        why = []
+        cluster = self.call('reading the datacenter firewall options', self.api.cluster.firewall.options.get)
+        if not int(cluster.get('enable', 0) or 0):
+            why.append('the datacenter firewall is off (Datacenter > Firewall > Options, or '
+                       'pvesh set /cluster/firewall/options --enable 1: allow SSH and port 8006 first)')
+        if not any(netif_firewall(v) for v in self.p['netif'].values()):
+            why.append('no network interface of it has firewall=1 (pve_container_netif)')
+        report.update(enforced=not why, not_enforced=why)
+        if why:
+            self.module.warn('CT {0}: PVE filters nothing with its firewall rules: {1}'.format(
+                self.p['vmid'], '; '.join(why)))
 
     def refuse_device_removal(self, current):
         """A device the container passes through now and this run would drop: refuse unless allowed."""

@@ -96,8 +96,9 @@ def persist_all(pve, confdir, create_params):
         held.add(vmid)
         if ct.config.get('lock') == 'create':
             continue
-        data = json.dumps({'vmid': vmid, 'config': saved_config(ct), 'create': create_params.get(vmid, {})},
-                          indent=1, sort_keys=True)
+        # its firewall too (PVE's /etc/pve/firewall/<vmid>.fw): the rules and options, kept, never enforced
+        data = json.dumps({'vmid': vmid, 'config': saved_config(ct), 'create': create_params.get(vmid, {}),
+                           'firewall': pve.firewall_config('ct', NODE, vmid)}, indent=1, sort_keys=True)
         write_if_changed(os.path.join(confdir, '{0}.json'.format(vmid)), data)
     for name in os.listdir(confdir):
         m = re.fullmatch(r'(\d+)\.json', name)
@@ -323,4 +324,5 @@ def restore_ct(pve, saved, running):
     ct = pve.add_ct(saved['vmid'], saved['config'].get('hostname'), NODE, 'running' if running else 'stopped',
                     saved['config'], defaults=False)
     ct.start_secs = PVE_START_SECS
+    pve.firewall_config('ct', NODE, saved['vmid']).update(saved.get('firewall') or {})
     return ct
