@@ -57,7 +57,15 @@ $(VENV)/bin/glm5: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --no-deps --python $(PY) -e .
 	touch $@
 
-venv: $(VENV)/.installed $(VENV)/bin/glm5
+# promtool (the alert rules' and Prometheus configuration's checker) from Debian's prometheus package, unpacked into the
+# venv: installing the package here would start a Prometheus on this host. The containers install the package itself.
+$(VENV)/bin/promtool: $(VENV)/.installed
+	mkdir -p build/debs
+	cd build/debs && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; }
+	dpkg-deb --fsys-tarfile "$$(ls -t build/debs/prometheus_*.deb | head -1)" | tar -xO ./usr/bin/promtool > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@ && $@ --version | head -1
+
+venv: $(VENV)/.installed $(VENV)/bin/glm5 $(VENV)/bin/promtool
 
 lab-up: venv  ## start the lab (idempotent)
 	$(call step,lab-up,$(ANSIBLE_PLAYBOOK) ansible/playbooks/lab_up.yml)

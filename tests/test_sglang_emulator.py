@@ -271,6 +271,97 @@ def test_loads_count_the_requests_in_flight(special):
     assert rank['num_running_reqs'] == rank['num_waiting_reqs'] == rank['num_total_reqs'] == rank['num_used_tokens'] == 0
 
 
+def exposition(engine):
+    """{name: (type, {sample line without value: value})} of the engine's /metrics (Prometheus' text format)."""
+    r = requests.get(engine.url + '/metrics', timeout=10)
+    assert r.status_code == 200 and r.headers['Content-Type'].startswith('text/plain'), (r.status_code, r.text[:200])
+    out = {}
+    for line in r.text.splitlines():
+        if line.startswith('# TYPE '):
+            _, _, name, typ = line.split()
+            out[name] = (typ, {})
+        elif line and not line.startswith('#'):
+            sample, value = line.rsplit(' ', 1)
+            base = sample.split('{')[0]
+            family = base if base in out else base.rsplit('_', 1)[0]     # a histogram's _bucket, _sum, _count
+            out[family][1][sample] = float(value)
+    return out
+
+
+def metric(families, name, suffix=''):
+    """The one sample of family `name` whose series name is name + suffix (the emulator has one label set)."""
+    (value,) = [v for k, v in families[name][1].items() if k.split('{')[0] == name + suffix]
+    return value
+
+
+def declared_metrics(profile):
+    """{name: type} as the profile's pinned sglang declares them (its metrics_collector.py, read as source)."""
+    import glob
+    import re
+    (path,) = glob.glob(os.path.join(environment(profile)[1], 'lib', 'python*', 'site-packages', 'sglang', 'srt',
+                                     'observability', 'metrics_collector.py'))
+    with open(path) as fh:
+        src = fh.read()
+    return dict((m.group(2), m.group(1).lower()) for m in re.finditer(
+        r'\b(Gauge|Counter|Histogram)\(\s*name="(sglang:[A-Za-z0-9_]+)"', src))
+
+
+@pytest.mark.parametrize('profile', ['seed-validated', 'current'])
+@pytest.mark.engine(extra=['--enable-metrics'])
+def test_metrics_have_the_pinned_sglangs_names_and_types(special, profile):
+    """Every family the emulator serves is one the pinned sglang declares, with the same type, and carries sglang's
+    labels (the *_created gauges are prometheus_client's, written for sglang's counters and histograms as well)."""
+    ask(special, 'What is 2 + 3?')
+    families = exposition(special)
+    declared = declared_metrics(profile)
+    served = dict((k, t) for k, (t, _) in families.items() if k.startswith('sglang:') and not k.endswith('_created'))
+    assert {'sglang:num_running_reqs', 'sglang:num_queue_reqs', 'sglang:gen_throughput', 'sglang:token_usage',
+            'sglang:time_to_first_token_seconds', 'sglang:generation_tokens_total'} <= set(served), sorted(served)
+    for name, typ in served.items():
+        assert declared.get(name) == typ, (profile, name, typ)
+    sample = next(iter(families['sglang:num_running_reqs'][1]))
+    for label in ('model_name="glm-5"', 'engine_type="unified"', 'tp_rank="0"'):
+        assert label in sample, sample
+
+
+@pytest.mark.engine(faults='slow=4', extra=['--max-running-requests', '2', '--enable-metrics'])
+def test_metrics_move_with_the_load(special):
+    """Five requests of 4 tokens on an engine that runs two at a time: the gauges show 2 running and 3 queued while
+    they run; after, the counters and histograms hold exactly those five (the engine is this test's alone)."""
+    before = exposition(special)
+    body = {'model': 'glm-5', 'prompt': 'the city of water', 'max_tokens': 4, 'ignore_eos': True}
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        flying = [pool.submit(special.post, '/v1/completions', body) for _ in range(5)]
+        deadline, seen = time.time() + 30, None
+        while time.time() < deadline and not all(f.done() for f in flying):
+            now = exposition(special)
+            seen = metric(now, 'sglang:num_running_reqs'), metric(now, 'sglang:num_queue_reqs')
+            if seen == (2, 3):
+                assert metric(now, 'sglang:gen_throughput') > 0 and metric(now, 'sglang:num_used_tokens') >= 2 * 3
+                break
+            time.sleep(0.05)
+        assert seen == (2, 3), seen
+        assert all(f.result().status_code == 200 for f in flying)
+    after = exposition(special)
+
+    def grew(name, suffix=''):
+        return metric(after, name, suffix) - metric(before, name, suffix)
+    assert grew('sglang:num_requests_total') == 5
+    assert grew('sglang:generation_tokens_total') == 20
+    assert grew('sglang:prompt_tokens_total') >= 5
+    assert grew('sglang:time_to_first_token_seconds', '_count') == 5
+    assert grew('sglang:inter_token_latency_seconds', '_count') == 15
+    assert grew('sglang:e2e_request_latency_seconds', '_count') == 5
+    # three of the five waited for the first two (4 steps of a 4x slow engine): their first token came late
+    assert grew('sglang:time_to_first_token_seconds', '_sum') > grew('sglang:inter_token_latency_seconds', '_sum') / 15 * 5
+    assert (metric(after, 'sglang:num_running_reqs'), metric(after, 'sglang:num_queue_reqs')) == (0, 0)
+
+
+def test_no_metrics_without_the_flag(engine):
+    """As sglang: /metrics exists only with --enable-metrics."""
+    assert requests.get(engine.url + '/metrics', timeout=10).status_code == 404
+
+
 @pytest.mark.engine(faults='nan')
 def test_fault_nan_is_a_repeated_token_loop(special):
     text = ask(special, 'What is 17 + 25?', max_tokens=12)['choices'][0]['message']['content']

@@ -14,7 +14,9 @@ sglang refuses makes the emulator exit 2 with argparse's message, as sglang woul
 Endpoints: /health, /health_generate, /server_info (/get_server_info), /model_info (/get_model_info), /v1/models,
 /v1/completions and /v1/chat/completions (streaming SSE, usage, reasoning_content, logprobs when not streaming),
 /generate, /v1/loads (sglang's JSON, core fields as for include=core: running and waiting requests exact, tokens from
-the prompts and outputs, throughput from the pace) and the legacy /get_load. Every other path but /health* and
+the prompts and outputs, throughput from the pace), the legacy /get_load, and /metrics with --enable-metrics (sglang's
+names, types and labels for its running and queued requests, token usage, generation throughput, token and request
+counters, TTFT, inter-token and end-to-end latency histograms: class Metrics). Every other path but /health* and
 /metrics needs `Authorization: Bearer <api key>` when --api-key is set (401 otherwise), as sglang.
 
 Pacing: a batch loop like sglang's scheduler: each step gives every running request one token; a step takes
@@ -123,6 +125,8 @@ class Request(object):
         self.rng = rng
         self.engine = engine
         self.finish = None
+        self.submitted = time.monotonic()
+        self.last = None
 
     def next_token(self):
         e = self.engine
@@ -135,6 +139,10 @@ class Request(object):
     def step(self):
         """One decode step: one more token; True when the request is done (its answer given, or max tokens)."""
         self.out.append(self.next_token())
+        now = time.monotonic()
+        if self.engine.metrics:
+            self.engine.metrics.token(self, now)
+        self.last = now
         if len(self.out) >= self.max_tokens:
             self.finish = 'length'
         elif self.answered and not self.plan and not self.ignore_eos:
@@ -143,6 +151,76 @@ class Request(object):
         if self.finish:
             self.queue.put_nowait(None)
         return self.finish is not None
+
+
+# sglang's buckets (metrics_collector.py's TokenizerMetricsCollector defaults)
+TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+E2E_BUCKETS = TTFT_BUCKETS + [600, 1200, 1800, 2400]
+ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+               0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000]
+
+
+class Metrics(object):
+    """What sglang serves on /metrics with --enable-metrics: the same names, types and labels (its scheduler's gauges
+    with model_name, engine_type, tp_rank, pp_rank, moe_ep_rank; its tokenizer's counters and histograms with
+    model_name, engine_type), moving with the emulated load. tests/test_sglang_emulator.py holds the names and types
+    against the pinned sglang's own metrics_collector.py."""
+
+    GAUGES = {'num_running_reqs': 'The number of running requests.',
+              'num_queue_reqs': 'The number of requests in the waiting queue.',
+              'num_used_tokens': 'The number of used tokens.',
+              'max_total_num_tokens': 'Maximum total number of tokens in the KV cache pool.',
+              'token_usage': 'The token usage.',
+              'gen_throughput': 'The generation throughput (token/s).',
+              'cache_hit_rate': 'The prefix cache hit rate.'}
+
+    def __init__(self, args, engine):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        served = args.served_model_name or args.model_path
+        sched = {'model_name': served, 'engine_type': 'unified', 'tp_rank': '0', 'pp_rank': '0', 'moe_ep_rank': '0'}
+        self.labels = {'model_name': served, 'engine_type': 'unified'}
+        self.gauges = dict((k, Gauge('sglang:' + k, doc, labelnames=list(sched), registry=self.registry).labels(
+            **sched)) for k, doc in self.GAUGES.items())
+
+        def counter(name, doc):
+            return Counter('sglang:' + name, doc, labelnames=list(self.labels), registry=self.registry).labels(
+                **self.labels)
+
+        def histogram(name, doc, buckets):
+            return Histogram('sglang:' + name, doc, labelnames=list(self.labels), buckets=buckets,
+                             registry=self.registry).labels(**self.labels)
+        self.prompt_tokens = counter('prompt_tokens_total', 'Number of prefill tokens processed.')
+        self.generation_tokens = counter('generation_tokens_total', 'Number of generation tokens processed.')
+        self.requests = counter('num_requests_total', 'Number of requests processed.')
+        self.ttft = histogram('time_to_first_token_seconds', 'Histogram of time to first token in seconds.',
+                              TTFT_BUCKETS)
+        self.itl = histogram('inter_token_latency_seconds', 'Histogram of inter-token latency in seconds.',
+                             ITL_BUCKETS)
+        self.e2e = histogram('e2e_request_latency_seconds', 'Histogram of End-to-end request latency in seconds',
+                             E2E_BUCKETS)
+
+    def submitted(self, req):
+        self.prompt_tokens.inc(req.prompt_tokens)
+
+    def token(self, req, now):
+        self.generation_tokens.inc()
+        if req.last is None:
+            self.ttft.observe(now - req.submitted)
+        else:
+            self.itl.observe(now - req.last)
+
+    def finished(self, req):
+        self.requests.inc()
+        self.e2e.observe(time.monotonic() - req.submitted)
+
+    def exposition(self, load):
+        from prometheus_client import generate_latest
+        values = dict(load, num_queue_reqs=load['num_waiting_reqs'])
+        for name, gauge in self.gauges.items():
+            gauge.set(values[name])
+        return generate_latest(self.registry)
 
 
 class Engine(object):
@@ -164,6 +242,7 @@ class Engine(object):
         self.wakeup = asyncio.Event()
         self.completed = 0
         self.started = time.monotonic()
+        self.metrics = Metrics(args, self) if getattr(args, 'enable_metrics', False) else None
 
     @property
     def faults(self):
@@ -192,6 +271,8 @@ class Engine(object):
         answer = answer_for(text) if text else None
         rng = random.Random(len(ids) * 7919 + int(max_tokens))
         req = Request(ids, max_tokens, ignore_eos, answer, rng, self)
+        if self.metrics:
+            self.metrics.submitted(req)
         self.waiting.append(req)
         self.wakeup.set()
         return req
@@ -218,6 +299,8 @@ class Engine(object):
                 if req.step():
                     self.running.remove(req)
                     self.completed += 1
+                    if self.metrics:
+                        self.metrics.finished(req)
                     limit = self.faults.get('crash-after')
                     if limit and self.completed >= int(limit):
                         print('sglang-emulator: crash-after={0}: dying as a crashed engine would'.format(limit),
@@ -504,6 +587,11 @@ def build_app(args, engine):
     app.router.add_post('/generate', generate)
     app.router.add_get('/v1/loads', v1_loads)
     app.router.add_get('/get_load', get_load)
+    if engine.metrics:
+        async def metrics(request):
+            from prometheus_client import CONTENT_TYPE_LATEST
+            return web.Response(body=engine.metrics.exposition(load()), headers={'Content-Type': CONTENT_TYPE_LATEST})
+        app.router.add_get('/metrics', metrics)
     return app
 
 

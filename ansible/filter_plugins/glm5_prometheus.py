@@ -1,0 +1,85 @@
+"""What Prometheus scrapes, from the inventory: each inference node's engine (/metrics on its own port), each gateway's
+metrics port, and each node's throughput floor for the alert rules; what is wrong with it, one line a problem."""
+import re
+from urllib.parse import urlsplit
+
+DURATION = re.compile(r'^([0-9]+(ms|s|m|h|d|w|y))+$')
+
+
+def _get(hv, name, default):
+    try:
+        value = hv[name]
+    except KeyError:
+        return default
+    return default if value is None else value
+
+
+def _floor(hv, smoke_defaults):
+    """The node's generation throughput floor (output tok/s) while requests queue: its prometheus_engine_min_output_tok_s,
+    else the smoke test's: the highest baseline level with output_tok_s, x tolerance x speed factor."""
+    own = _get(hv, 'prometheus_engine_min_output_tok_s', None)
+    if own is not None:
+        return float(own)
+    baseline = _get(hv, 'sglang_smoke_baseline', smoke_defaults.get('sglang_smoke_baseline')) or {}
+    levels = sorted((int(k), v) for k, v in baseline.items() if (v or {}).get('output_tok_s') is not None)
+    if not levels:
+        return None
+    tolerance = float(_get(hv, 'sglang_smoke_tolerance', smoke_defaults.get('sglang_smoke_tolerance', 1)))
+    speed = float(_get(hv, 'sglang_smoke_speed_factor', smoke_defaults.get('sglang_smoke_speed_factor', 1)))
+    return round(float(levels[-1][1]['output_tok_s']) * tolerance * speed, 3)
+
+
+def _target(url):
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ('http', 'https') or not parts.hostname or port is None:
+        return None, None
+    host = '[{0}]'.format(parts.hostname) if ':' in parts.hostname else parts.hostname
+    return parts.scheme, '{0}:{1}'.format(host, port)
+
+
+def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
+    """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, nodes}],
+    pve_hosts: [{host, gpus}], problems: [...]}. workers: sglang_fleet_workers over the inference nodes."""
+    out = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
+    for w in workers:
+        if not w.get('known'):
+            out['problems'].append('{0} is not in the inventory'.format(w['node']))
+            continue
+        hv = hostvars[w['node']]
+        scheme, target = _target(w['url'])
+        if target is None:
+            out['problems'].append('{0}: its engine URL {1!r} has no scheme, host and port to scrape'.format(
+                w['node'], w['url']))
+            continue
+        floor = _floor(hv, smoke_defaults)
+        if floor is not None and not floor > 0:
+            out['problems'].append('{0}: prometheus_engine_min_output_tok_s must be > 0, got {1}'.format(w['node'], floor))
+        out['engines'].append({'node': w['node'], 'scheme': scheme, 'target': target, 'min_output_tok_s': floor,
+                               'pve_host': str(_get(hv, 'pve_container_pve_host', ''))})
+    for name in groups.get('gateways', []):
+        hv = hostvars[name]
+        port = _get(hv, 'sglang_gateway_metrics_port', None)
+        address = _get(hv, 'ansible_host', name)
+        if port is None:
+            out['problems'].append('{0}: sglang_gateway_metrics_port is not set'.format(name))
+            continue
+        out['gateways'].append({'gateway': name, 'target': '{0}:{1}'.format(address, port),
+                                'nodes': list(_get(hv, 'sglang_gateway_nodes', groups.get('inference_nodes', [])))})
+    for name in groups.get('pve_hosts', []):
+        out['pve_hosts'].append({'host': name, 'gpus': int(_get(hostvars[name], 'gpu_preflight_gpu_count', 8))})
+    return out
+
+
+def prometheus_duration_problems(settings):
+    """{variable: value} of Prometheus durations: a line for each that Prometheus would refuse."""
+    return ['{0} must be a Prometheus duration such as 30s, 2m or 1h30m, got {1!r}'.format(k, v)
+            for k, v in sorted(settings.items()) if not DURATION.match(str(v))]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'prometheus_scrape': prometheus_scrape, 'prometheus_duration_problems': prometheus_duration_problems}

@@ -1,0 +1,145 @@
+"""The prometheus role's files, rendered from its templates for a small inventory and checked by Debian's promtool (the
+Makefile unpacks it into the venv): the scrape configuration (`promtool check config`), the alert rules (`promtool
+check rules`) and every alert on synthetic series (`promtool test rules` with tests/fixtures/prometheus); and what the
+scrape filter makes of an inventory, bad input included."""
+import os
+import shutil
+import subprocess
+
+import jinja2
+import pytest
+import yaml
+from glm5_prometheus import prometheus_duration_problems, prometheus_scrape
+from sglang_fleet import sglang_fleet_workers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROLE = os.path.join(ROOT, 'roles', 'prometheus')
+FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'prometheus')
+
+
+def defaults(role):
+    with open(os.path.join(ROOT, 'roles', role, 'defaults', 'main.yml')) as fh:
+        return yaml.safe_load(fh)
+
+
+def promtool():
+    path = shutil.which('promtool') or os.path.join(ROOT, '.venv', 'bin', 'promtool')
+    assert os.access(path, os.X_OK), 'promtool is missing: `make venv` unpacks it from Debian\'s prometheus package'
+    return path
+
+
+GROUPS = {'inference_nodes': ['n1', 'n2'], 'gateways': ['gw'], 'pve_hosts': ['pve1'], 'all': []}
+HOSTVARS = {
+    'n1': {'ansible_host': '10.0.0.1', 'pve_container_pve_host': 'pve1'},
+    'n2': {'ansible_host': '10.0.0.2', 'pve_container_pve_host': 'pve1', 'prometheus_engine_min_output_tok_s': 500},
+    'gw': {'ansible_host': '10.0.0.9', 'sglang_gateway_metrics_port': 29000, 'sglang_gateway_nodes': ['n1', 'n2']},
+    'pve1': {'gpu_preflight_gpu_count': 8},
+}
+
+
+def scrape(groups=GROUPS, hostvars=HOSTVARS):
+    workers = sglang_fleet_workers(groups['inference_nodes'], hostvars, defaults('sglang_service'))
+    return prometheus_scrape(groups, hostvars, workers, defaults('sglang_smoke'))
+
+
+def render(name, dest, gpu_hosts=None, **extra):
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, 'templates')), trim_blocks=True,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    s = scrape()
+    variables = dict(defaults('prometheus'), ansible_managed='Ansible managed', __prometheus_scrape=s,
+                     __prometheus_rules_file=os.path.join(os.path.dirname(dest), 'glm5-alerts.yml'),
+                     __prometheus_self='127.0.0.1:9090',
+                     __prometheus_gpu_hosts=s['pve_hosts'] if gpu_hosts is None else gpu_hosts, **extra)
+    with open(dest, 'w') as fh:
+        fh.write(env.get_template(name).render(variables))
+    return dest
+
+
+def run(*argv):
+    return subprocess.run([promtool(), *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_the_scrape_targets_come_from_the_inventory():
+    s = scrape()
+    assert s['problems'] == []
+    assert [(e['node'], e['scheme'], e['target'], e['pve_host']) for e in s['engines']] == [
+        ('n1', 'http', '10.0.0.1:30000', 'pve1'), ('n2', 'http', '10.0.0.2:30000', 'pve1')]
+    # n1 the smoke test's floor (1,240 output tok/s at 1,024 x tolerance 0.9), n2 its own
+    assert [e['min_output_tok_s'] for e in s['engines']] == [1116.0, 500.0]
+    assert s['gateways'] == [{'gateway': 'gw', 'target': '10.0.0.9:29000', 'nodes': ['n1', 'n2']}]
+    assert s['pve_hosts'] == [{'host': 'pve1', 'gpus': 8}]
+
+
+def test_the_floor_follows_the_smoke_tests_speed_factor_and_baseline():
+    hv = dict(HOSTVARS, n1=dict(HOSTVARS['n1'], sglang_smoke_speed_factor=8, sglang_smoke_tolerance=0.5,
+                                sglang_smoke_baseline={1: {'output_tok_s': 8.2}, 64: {'total_tok_s': 700}}))
+    assert scrape(hostvars=hv)['engines'][0]['min_output_tok_s'] == round(8.2 * 0.5 * 8, 3)
+
+
+@pytest.mark.parametrize('change, problem', [
+    ({'n2': {'sglang_gateway_worker_url': 'n2-without-a-port'}}, "n2: its engine URL 'n2-without-a-port' has no"),
+    ({'n2': {'prometheus_engine_min_output_tok_s': 0}}, 'n2: prometheus_engine_min_output_tok_s must be > 0'),
+    ({'gw': {'sglang_gateway_metrics_port': None}}, 'gw: sglang_gateway_metrics_port is not set'),
+])
+def test_bad_inventory_is_named(change, problem):
+    hv = dict((k, dict(v, **change.get(k, {}))) for k, v in HOSTVARS.items())
+    problems = scrape(hostvars=hv)['problems']
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_node_missing_from_the_inventory_is_named():
+    groups = dict(GROUPS, inference_nodes=['n1', 'ghost'])
+    assert scrape(groups=groups)['problems'] == ['ghost is not in the inventory']
+
+
+def test_durations_prometheus_would_refuse_are_named():
+    assert prometheus_duration_problems({'a': '2m', 'b': '1h30m', 'c': '500ms'}) == []
+    assert prometheus_duration_problems({'a': '2 minutes', 'b': '', 'c': '5'}) == [
+        "a must be a Prometheus duration such as 30s, 2m or 1h30m, got '2 minutes'",
+        "b must be a Prometheus duration such as 30s, 2m or 1h30m, got ''",
+        "c must be a Prometheus duration such as 30s, 2m or 1h30m, got '5'"]
+
+
+def test_promtool_accepts_the_configuration_and_the_rules(tmp_path):
+    rules = render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'))
+    config = render('prometheus.yml.j2', str(tmp_path / 'prometheus.yml'))
+    out = run('check', 'rules', rules)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'SUCCESS: 13 rules found' in out.stdout, out.stdout     # 4 inventory series + 9 alerts
+    out = run('check', 'config', config)
+    assert out.returncode == 0, out.stdout + out.stderr
+    jobs = dict((j['job_name'], j) for j in yaml.safe_load(open(config))['scrape_configs'])
+    assert [t['targets'] for t in jobs['glm5-engine']['static_configs']] == [['10.0.0.1:30000'], ['10.0.0.2:30000']]
+    assert jobs['glm5-engine']['static_configs'][0]['labels'] == {'node': 'n1', 'pve_host': 'pve1', '__scheme__': 'http'}
+    assert jobs['glm5-gateway']['static_configs'] == [{'targets': ['10.0.0.9:29000'], 'labels': {'gateway': 'gw'}}]
+
+
+def test_an_empty_inventory_still_gives_rules_promtool_accepts(tmp_path):
+    empty = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, 'templates')), trim_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    path = tmp_path / 'glm5-alerts.yml'
+    path.write_text(env.get_template('glm5-alerts.yml.j2').render(
+        dict(defaults('prometheus'), ansible_managed='x', __prometheus_scrape=empty, __prometheus_gpu_hosts=[])))
+    out = run('check', 'rules', str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_alert_fires_when_it_should_and_not_before(tmp_path):
+    render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'))
+    shutil.copy(os.path.join(FIXTURES, 'glm5-alerts.test.yml'), tmp_path)
+    out = run('test', 'rules', str(tmp_path / 'glm5-alerts.test.yml'))
+    assert out.returncode == 0, out.stdout + out.stderr
+    alerts = [r['alert'] for g in yaml.safe_load(open(tmp_path / 'glm5-alerts.yml'))['groups'] for r in g['rules']
+              if 'alert' in r]
+    tested = open(tmp_path / 'glm5-alerts.test.yml').read()
+    assert [a for a in alerts if 'alertname: ' + a not in tested] == [], 'an alert without a promtool test'
+
+
+def test_the_gpu_alerts_stay_silent_without_gpu_thresholds(tmp_path):
+    """No GPU exporter scraped (the role's __prometheus_gpu_hosts is empty): the GPU alerts have no threshold series,
+    so the GPU-missing test must fail - the thresholds are what make it fire."""
+    render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'), gpu_hosts=[])
+    shutil.copy(os.path.join(FIXTURES, 'glm5-alerts.test.yml'), tmp_path)
+    out = run('test', 'rules', str(tmp_path / 'glm5-alerts.test.yml'))
+    assert out.returncode == 1 and 'GLM5GPUMissing' in out.stdout + out.stderr, out.stdout + out.stderr

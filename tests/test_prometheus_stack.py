@@ -1,0 +1,88 @@
+"""Prometheus on make test's full-stack fleet (molecule/default: two nodes, the gateway, the monitoring container that
+site.yml's last play deployed): every target it was given is up, the fleet's rules are loaded with the inventory's
+numbers, and an engine stopped by hand fires GLM5EngineDown through the running Prometheus within its `for:` window
+(the lane's 10 s, scraped and evaluated every 2 s); the engine is started again and the alert resolves."""
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+from siterun import ROOT, NodeVars, _names, node_ssh, scenario_hosts, scenario_inventory
+
+pytestmark = pytest.mark.stack
+
+HOSTS = scenario_hosts('default')
+NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
+(GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
+(PROM,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
+PROM_VARS = NodeVars(scenario_inventory().host_vars(PROM))
+URL = 'http://127.0.0.1:{0}'.format(PROM_VARS['prometheus_port'])
+
+
+def api(path):
+    with urllib.request.urlopen(URL + path, timeout=10) as r:
+        body = json.load(r)
+    assert body['status'] == 'success', body
+    return body['data']
+
+
+def until(what, check, timeout):
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError('{0}: not within {1} s (last: {2})'.format(what, timeout, last))
+
+
+def test_every_target_is_up(stack_node):
+    def targets():
+        active = api('/api/v1/targets?state=active')['activeTargets']
+        return active if active and all(t['health'] == 'up' for t in active) else None
+    active = until('every target up', targets, 60)
+    seen = sorted((t['labels']['job'], t['labels'].get('node') or t['labels'].get('gateway') or '') for t in active)
+    assert seen == sorted([('glm5-engine', n) for n in NODES] + [('glm5-gateway', GATEWAY), ('prometheus', '')]), seen
+    # what the engines serve is sglang's (the emulator's stand-in of it: tests/test_sglang_emulator.py), per node
+    series = api('/api/v1/query?query=sglang:num_running_reqs')['result']
+    assert sorted(s['metric']['node'] for s in series) == sorted(NODES), series
+
+
+def test_the_fleets_rules_are_loaded_with_the_inventorys_numbers(stack_node):
+    groups = dict((g['name'], g) for g in api('/api/v1/rules')['groups'])
+    alerts = [r['name'] for r in groups['glm5-alerts']['rules']]
+    assert 'GLM5EngineDown' in alerts and 'GLM5NodeOutOfGateway' in alerts and len(alerts) == 9, alerts
+    floors = api('/api/v1/query?query=glm5:engine_min_output_tok_s')['result']
+    assert sorted(s['metric']['node'] for s in floors) == sorted(NODES)
+    assert all(float(s['value'][1]) > 0 for s in floors), floors
+    (expected,) = api('/api/v1/query?query=glm5:gateway_expected_workers')['result']
+    assert expected['metric']['gateway'] == GATEWAY and float(expected['value'][1]) == len(NODES)
+
+
+def test_an_engine_stopped_fires_engine_down_within_its_window(stack_node):
+    node = NODES[-1]
+    hv = HOSTS[node][1]
+    service = hv.get('sglang_service_name', 'glm5-sglang')
+
+    def firing():
+        return [a for a in api('/api/v1/alerts')['alerts'] if a['labels']['alertname'] == 'GLM5EngineDown'
+                and a['labels'].get('node') == node and a['state'] == 'firing']
+    assert not firing()
+    r = node_ssh(hv, 'systemctl', 'stop', service, timeout=120)
+    assert r.returncode == 0, r.stderr
+    stopped = time.monotonic()
+    try:
+        # its for: (10 s) after the first failed scrape (every 2 s) and evaluation (every 2 s); slack for a busy CPU
+        (alert,) = until('GLM5EngineDown firing for ' + node, firing, 10 + 2 + 2 + 30)
+        took = time.monotonic() - stopped
+        assert took >= 10, took             # not before its for: window
+        assert alert['labels']['severity'] == 'critical' and node in alert['annotations']['summary']
+    finally:
+        r = node_ssh(hv, 'systemctl', 'start', service, timeout=120)
+        assert r.returncode == 0, r.stderr
+
+    def back():
+        up = api('/api/v1/query?query=up{{job="glm5-engine",node="{0}"}}'.format(node))['result']
+        return not firing() and [u['value'][1] for u in up] == ['1']
+    until('its engine scraped again and GLM5EngineDown resolved for ' + node, back, 120)
