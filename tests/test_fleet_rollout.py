@@ -17,13 +17,15 @@ import pytest
 from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
 from glm5_lab.paths import paths
-from siterun import ROOT, node_ssh, scenario_hosts, scenario_inventory, scenario_inventory_files, site
+from siterun import ROOT, NodeVars, _names, node_ssh, scenario_hosts, scenario_inventory, scenario_inventory_files, site
 
 pytestmark = pytest.mark.stack
 
 HOSTS = scenario_hosts('default')
 NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
+(MONITOR,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
+MONITOR_ADDRESS = NodeVars(scenario_inventory().host_vars(MONITOR))['ansible_host']
 # The rollouts' smoke test: the single stream on each node, two prompts (this lane's other checks sweep more; these are
 # about order and no failed request, and the load beside them shares this machine's two CPUs)
 SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sglang_smoke_prompts_per_concurrency': 2}
@@ -118,20 +120,27 @@ def out_of_gateway(w, url):
 
 def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(lab_api):
     """What site.yml asked PVE for (pve_container_firewall's default for a node behind a gateway): the engine port
-    open to the gateway's address and closed to all others, the rules first, the firewall on with an input policy that
-    filters nothing else. (The lab's PVE keeps the firewall, it enforces none: README, stand-ins.)"""
+    open to the gateway's and the monitoring host's addresses and closed to all others, the rules first, the firewall
+    on with an input policy that filters nothing else. (The lab's PVE keeps the firewall, it enforces none: README, stand-ins.)"""
     gateway_address = hv(GATEWAY)['sglang_gateway_source_address'] or hv(GATEWAY)['ansible_host']
     for node in NODES:
         ct = lab_api.nodes(hv(node)['pve_container_node']).lxc(hv(node)['pve_container_vmid'])
         port = str(hv(node)['sglang_service_port'])
         rules = [(r['type'], r['action'], r.get('source'), r.get('proto'), str(r['dport']), int(r['enable']))
                  for r in sorted(ct.firewall.rules.get(), key=lambda r: r['pos'])]
-        assert rules[:2] == [('in', 'ACCEPT', gateway_address, 'tcp', port, 1),
+        # the gateway, then the monitoring host that scrapes /metrics there (molecule/default's Prometheus), then DROP
+        assert rules[:3] == [('in', 'ACCEPT', gateway_address, 'tcp', port, 1),
+                             ('in', 'ACCEPT', MONITOR_ADDRESS, 'tcp', port, 1),
                              ('in', 'DROP', None, 'tcp', port, 1)], (node, rules)
+        comments = [r.get('comment', '') for r in sorted(ct.firewall.rules.get(), key=lambda r: r['pos'])][:3]
+        assert 'from the monitoring host ' + MONITOR in comments[1], comments
         options = ct.firewall.options.get()
         assert int(options['enable']) == 1 and options['policy_in'] == 'ACCEPT', (node, options)
     gateway = lab_api.nodes(hv(GATEWAY)['pve_container_node']).lxc(hv(GATEWAY)['pve_container_vmid'])
     assert gateway.firewall.rules.get() == []       # not a node: its firewall is left as it is
+    monitor = lab_api.nodes(NodeVars(scenario_inventory().host_vars(MONITOR))['pve_container_node']).lxc(
+        NodeVars(scenario_inventory().host_vars(MONITOR))['pve_container_vmid'])
+    assert monitor.firewall.rules.get() == []       # nor Prometheus' (no pve_container_open_ports in the lab)
 
 
 def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):

@@ -140,3 +140,39 @@ def test_names_where_the_firewall_needs_addresses_are_refused_naming_the_variabl
         "not an IP address: PVE's firewall takes addresses, not names; set sglang_gateway_source_address on gw to the "
         "address its connections come from (or pve_container_firewall: false on n1 to leave its firewall alone)",
         "pve_container_engine_sources of n1: 'monitor.example.com' is not an IP address or CIDR"]
+
+
+def test_the_monitoring_hosts_reach_the_engine_port_named_and_checked():
+    hv = {'gw': fleet('n1'), 'n1': {}}
+    out = pve_container_engine_firewall('n1', hv, ['gw'], 30000, None, [], [['prom', '10.0.0.7'], ['prom2', 'p.lan']])
+    rules = out['firewall']['rules']
+    assert rules[1] == {'action': 'ACCEPT', 'source': '10.0.0.7', 'dport': '30000',
+                        'comment': 'engine port (its /metrics) from the monitoring host prom'}
+    assert rules[-1]['action'] == 'DROP' and out['why'] == 'engine port 30000 open to gw, prom, prom2 only'
+    assert out['problems'] == [
+        "n1 is scraped by the monitoring host prom2, whose address 'p.lan' (prometheus_source_address, else its "
+        "ansible_host) is not an IP address: set prometheus_source_address on prom2 to the address its connections "
+        "come from"]
+    # no gateway in front: the monitoring hosts alone do not make the package take the firewall over
+    assert not pve_container_engine_firewall('n1', {'n1': {}}, [], 30000, None, [], [['prom', '10.0.0.7']])['manage']
+
+
+def test_open_ports_of_any_container_each_open_to_its_sources_only():
+    ports = [{'port': 9090, 'sources': ['10.20.0.0/24', '10.0.0.9'], 'what': 'Prometheus'}]
+    out = pve_container_engine_firewall('prom', {'prom': {}}, [], None, None, [], [], ports)
+    assert out['manage'] and out['problems'] == [] and out['firewall'] == {'enabled': True, 'rules': [
+        {'action': 'ACCEPT', 'source': '10.20.0.0/24', 'dport': '9090', 'comment': 'Prometheus from 10.20.0.0/24'},
+        {'action': 'ACCEPT', 'source': '10.0.0.9', 'dport': '9090', 'comment': 'Prometheus from 10.0.0.9'},
+        {'action': 'DROP', 'dport': '9090', 'comment': 'Prometheus closed to all others'}]}
+    assert out['why'] == 'Prometheus (9090) open to 10.20.0.0/24, 10.0.0.9 only'
+    # none listed: its firewall is left as it is
+    out = pve_container_engine_firewall('prom', {'prom': {}}, [], None, None, [], [], [])
+    assert not out['manage'] and 'no pve_container_open_ports' in out['why']
+    # on an inference node behind a gateway: after the engine's rules
+    out = pve_container_engine_firewall('n1', {'gw': fleet('n1'), 'n1': {}}, ['gw'], 30000, None, [], [], ports)
+    assert [r['dport'] for r in out['firewall']['rules']] == ['30000', '30000', '9090', '9090', '9090']
+    # bad input, each named
+    out = pve_container_engine_firewall('prom', {'prom': {}}, [], None, None, [], [], [
+        {'port': 'x', 'sources': ['10.0.0.1']}, {'port': 9090, 'sources': ['ops.lan'], 'what': 'Prometheus'}])
+    assert out['problems'] == ["pve_container_open_ports of prom: port x: port 'x' is not a port number",
+                               "pve_container_open_ports of prom: Prometheus: 'ops.lan' is not an IP address or CIDR"]

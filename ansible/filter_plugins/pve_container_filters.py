@@ -105,9 +105,13 @@ def _is_address(text):
     return True
 
 
-def pve_container_engine_firewall(node, hostvars, gateways, port, setting=None, sources=()):
-    """The firewall of an inference node's container: its engine port open to its gateways (and the extra sources)
-    only. {'manage': bool, 'firewall': the module's option or None, 'why': str, 'problems': [str]}."""
+def pve_container_engine_firewall(node, hostvars, gateways, port, setting=None, sources=(), watchers=(), open_ports=()):
+    """The firewall of a container: an inference node's engine port open to its gateways, the monitoring hosts that
+    scrape it (watchers: [[name, address]]) and the extra sources only; then any container's open_ports
+    (pve_container_open_ports: [{port, sources, what}]), each open to its sources only.
+    {'manage': bool, 'firewall': the module's option or None, 'why': str, 'problems': [str]}.
+    node: None for a container that is no inference node (only its open_ports count)."""
+    own, own_problems = _open_port_rules(node, open_ports)
     fronting, unknown = [], []
     for g in gateways or []:
         fleet = hostvars[g].get('sglang_gateway_fleet') if g in hostvars else None
@@ -122,10 +126,17 @@ def pve_container_engine_firewall(node, hostvars, gateways, port, setting=None, 
         return dict(manage=False, firewall=None, problems=[],
                     why='the settings of {0} were not read in this run (--limit leaves their first play out): the '
                         'firewall of {1} is left as it is'.format(', '.join(unknown), node))
-    if setting is None and not fronting:
-        return dict(manage=False, firewall=None, problems=[],
-                    why='no gateway in front of {0} (pve_container_firewall: null): its firewall is left as it '
-                        'is'.format(node))
+    if port is None and setting is None and not own:
+        return dict(manage=False, firewall=None, problems=own_problems,
+                    why='no pve_container_open_ports (pve_container_firewall: null): the firewall of {0} is left as '
+                        'it is'.format(node))
+    if setting is None and not fronting and not own:
+        return dict(manage=False, firewall=None, problems=own_problems,
+                    why='no gateway in front of {0} and no pve_container_open_ports (pve_container_firewall: null): '
+                        'its firewall is left as it is'.format(node))
+    if port is None:                # not an inference node: its open ports only
+        return dict(manage=True, firewall={'enabled': True, 'rules': own}, problems=own_problems,
+                    why=_open_why(open_ports))
     problems, rules = [], []
     for g, source in fronting:
         if not _is_address(source):
@@ -141,10 +152,50 @@ def pve_container_engine_firewall(node, hostvars, gateways, port, setting=None, 
                 node, source))
         rules.append({'action': 'ACCEPT', 'source': str(source), 'dport': str(port),
                       'comment': 'engine port from {0} (pve_container_engine_sources)'.format(source)})
+    for name, source in watchers or []:
+        if not _is_address(source):
+            problems.append('{0} is scraped by the monitoring host {1}, whose address {2!r} (prometheus_source_address, '
+                            'else its ansible_host) is not an IP address: set prometheus_source_address on {1} to the '
+                            'address its connections come from'.format(node, name, source))
+        rules.append({'action': 'ACCEPT', 'source': str(source), 'dport': str(port),
+                      'comment': 'engine port (its /metrics) from the monitoring host {0}'.format(name)})
     rules.append({'action': 'DROP', 'dport': str(port), 'comment': 'engine port closed to all others'})
-    opened = [g for g, _ in fronting] + [str(s) for s in sources or []]
-    return dict(manage=True, firewall={'enabled': True, 'rules': rules}, problems=problems,
-                why='engine port {0} open to {1} only'.format(port, ', '.join(opened) or 'no one'))
+    opened = [g for g, _ in fronting] + [str(s) for s in sources or []] + [n for n, _ in watchers or []]
+    why = 'engine port {0} open to {1} only'.format(port, ', '.join(opened) or 'no one')
+    return dict(manage=True, firewall={'enabled': True, 'rules': rules + own}, problems=problems + own_problems,
+                why=why + ('; ' + _open_why(open_ports) if own else ''))
+
+
+def _open_port_rules(name, entries):
+    """pve_container_open_ports -> (rules, problems): each port open to its sources, then closed to all others."""
+    rules, problems = [], []
+    for e in entries or []:
+        what = str(e.get('what') or 'port {0}'.format(e.get('port')))
+        try:
+            port = int(e.get('port'))
+        except (TypeError, ValueError):
+            port = 0
+        if not 0 < port < 65536:
+            problems.append('pve_container_open_ports of {0}: {1}: port {2!r} is not a port number'.format(
+                name, what, e.get('port')))
+            continue
+        sources = e.get('sources') or []
+        if isinstance(sources, str):
+            sources = [sources]
+        for source in sources:
+            if not _is_address(source):
+                problems.append('pve_container_open_ports of {0}: {1}: {2!r} is not an IP address or CIDR'.format(
+                    name, what, source))
+            rules.append({'action': 'ACCEPT', 'source': str(source), 'dport': str(port),
+                          'comment': '{0} from {1}'.format(what, source)})
+        rules.append({'action': 'DROP', 'dport': str(port), 'comment': '{0} closed to all others'.format(what)})
+    return rules, problems
+
+
+def _open_why(entries):
+    return '; '.join('{0} ({1}) open to {2} only'.format(e.get('what') or 'port', e.get('port'),
+                                                        ', '.join(map(str, e.get('sources') or [])) or 'no one')
+                     for e in entries or [])
 
 
 class FilterModule(object):
