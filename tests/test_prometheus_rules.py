@@ -5,6 +5,7 @@ scrape filter makes of an inventory, bad input included."""
 import os
 import shutil
 import subprocess
+import sys
 
 import jinja2
 import pytest
@@ -30,10 +31,11 @@ def promtool():
 
 GROUPS = {'inference_nodes': ['n1', 'n2'], 'gateways': ['gw'], 'pve_hosts': ['pve1'], 'all': []}
 HOSTVARS = {
-    'n1': {'ansible_host': '10.0.0.1', 'pve_container_pve_host': 'pve1'},
-    'n2': {'ansible_host': '10.0.0.2', 'pve_container_pve_host': 'pve1', 'prometheus_engine_min_output_tok_s': 500},
+    'n1': {'ansible_host': '10.0.0.1', 'pve_container_pve_host': 'pve1', 'sglang_service_host': '0.0.0.0'},
+    'n2': {'ansible_host': '10.0.0.2', 'pve_container_pve_host': 'pve1', 'sglang_service_host': '0.0.0.0',
+           'prometheus_engine_min_output_tok_s': 500},
     'gw': {'ansible_host': '10.0.0.9', 'sglang_gateway_metrics_port': 29000, 'sglang_gateway_nodes': ['n1', 'n2']},
-    'pve1': {'gpu_preflight_gpu_count': 8},
+    'pve1': {'ansible_host': '10.0.0.5', 'gpu_preflight_gpu_count': 8},
 }
 
 
@@ -43,13 +45,16 @@ def scrape(groups=GROUPS, hostvars=HOSTVARS):
 
 
 def render(name, dest, gpu_hosts=None, **extra):
+    """A role template rendered for the inventory above (the role's defaults; extra: variables over them)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, 'templates')), trim_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     s = scrape()
-    variables = dict(defaults('prometheus'), ansible_managed='Ansible managed', __prometheus_scrape=s,
+    variables = dict(defaults('prometheus'))
+    variables.update(ansible_managed='Ansible managed', __prometheus_scrape=s,
                      __prometheus_rules_file=os.path.join(os.path.dirname(dest), 'glm5-alerts.yml'),
                      __prometheus_self='127.0.0.1:9090',
-                     __prometheus_gpu_hosts=s['pve_hosts'] if gpu_hosts is None else gpu_hosts, **extra)
+                     __prometheus_gpu_hosts=s['pve_hosts'] if gpu_hosts is None else gpu_hosts)
+    variables.update(extra)
     with open(dest, 'w') as fh:
         fh.write(env.get_template(name).render(variables))
     return dest
@@ -67,7 +72,15 @@ def test_the_scrape_targets_come_from_the_inventory():
     # n1 the smoke test's floor (1,240 output tok/s at 1,024 x tolerance 0.9), n2 its own
     assert [e['min_output_tok_s'] for e in s['engines']] == [1116.0, 500.0]
     assert s['gateways'] == [{'gateway': 'gw', 'target': '10.0.0.9:29000', 'nodes': ['n1', 'n2']}]
-    assert s['pve_hosts'] == [{'host': 'pve1', 'gpus': 8}]
+    assert s['pve_hosts'] == [{'host': 'pve1', 'gpus': 8, 'target': '10.0.0.5:9100'}]
+
+
+def test_a_host_without_the_gpu_metrics_is_neither_scraped_nor_given_a_gpu_threshold():
+    hv = dict(HOSTVARS, pve1=dict(HOSTVARS['pve1'], gpu_metrics_enabled=False))
+    assert scrape(hostvars=hv)['pve_hosts'] == []
+    # the lab's: the PVE host is this machine, reached with a local connection
+    hv = dict(HOSTVARS, pve1={'ansible_connection': 'local', 'gpu_metrics_port': 29001})
+    assert scrape(hostvars=hv)['pve_hosts'] == [{'host': 'pve1', 'gpus': 8, 'target': '127.0.0.1:29001'}]
 
 
 def test_the_floor_follows_the_smoke_tests_speed_factor_and_baseline():
@@ -80,6 +93,7 @@ def test_the_floor_follows_the_smoke_tests_speed_factor_and_baseline():
     ({'n2': {'sglang_gateway_worker_url': 'n2-without-a-port'}}, "n2: its engine URL 'n2-without-a-port' has no"),
     ({'n2': {'prometheus_engine_min_output_tok_s': 0}}, 'n2: prometheus_engine_min_output_tok_s must be > 0'),
     ({'gw': {'sglang_gateway_metrics_port': None}}, 'gw: sglang_gateway_metrics_port is not set'),
+    ({'n1': {'sglang_service_host': '127.0.0.1'}}, 'n1: its sglang listens on 127.0.0.1 only (sglang_service_host)'),
 ])
 def test_bad_inventory_is_named(change, problem):
     hv = dict((k, dict(v, **change.get(k, {}))) for k, v in HOSTVARS.items())
@@ -112,6 +126,18 @@ def test_promtool_accepts_the_configuration_and_the_rules(tmp_path):
     assert [t['targets'] for t in jobs['glm5-engine']['static_configs']] == [['10.0.0.1:30000'], ['10.0.0.2:30000']]
     assert jobs['glm5-engine']['static_configs'][0]['labels'] == {'node': 'n1', 'pve_host': 'pve1', '__scheme__': 'http'}
     assert jobs['glm5-gateway']['static_configs'] == [{'targets': ['10.0.0.9:29000'], 'labels': {'gateway': 'gw'}}]
+    assert jobs['glm5-gpu']['static_configs'] == [{'targets': ['10.0.0.5:9100'], 'labels': {'pve_host': 'pve1'}}]
+
+
+def test_the_alertmanagers_named_are_where_the_alerts_go(tmp_path):
+    render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'))
+    config = render('prometheus.yml.j2', str(tmp_path / 'prometheus.yml'),
+                    prometheus_alertmanagers=['127.0.0.1:9093', 'am.example.com:9093'])
+    out = run('check', 'config', config)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert yaml.safe_load(open(config))['alerting'] == {'alertmanagers': [{'static_configs': [
+        {'targets': ['127.0.0.1:9093', 'am.example.com:9093']}]}]}
+    assert 'alerting' not in yaml.safe_load(open(render('prometheus.yml.j2', str(tmp_path / 'none.yml'))))
 
 
 def test_an_empty_inventory_still_gives_rules_promtool_accepts(tmp_path):
@@ -137,9 +163,60 @@ def test_every_alert_fires_when_it_should_and_not_before(tmp_path):
 
 
 def test_the_gpu_alerts_stay_silent_without_gpu_thresholds(tmp_path):
-    """No GPU exporter scraped (the role's __prometheus_gpu_hosts is empty): the GPU alerts have no threshold series,
-    so the GPU-missing test must fail - the thresholds are what make it fire."""
+    """No host with GPU metrics (__prometheus_gpu_hosts empty): the GPU alerts have no threshold series, so the
+    GPU-missing test must fail - the thresholds are what make it fire."""
     render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'), gpu_hosts=[])
     shutil.copy(os.path.join(FIXTURES, 'glm5-alerts.test.yml'), tmp_path)
     out = run('test', 'rules', str(tmp_path / 'glm5-alerts.test.yml'))
     assert out.returncode == 1 and 'GLM5GPUMissing' in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+CHECK_INVENTORY = {'all': {'children': {
+    'inference_nodes': {'hosts': {'n1': {'ansible_host': '10.0.0.1', 'sglang_service_host': '0.0.0.0'}}},
+    'gateways': {'hosts': {'gw': {'ansible_host': '10.0.0.9', 'sglang_gateway_metrics_port': 29000}}},
+    'monitoring': {'hosts': {'prom': {'ansible_host': '10.0.0.7'}}}}}}
+CHECK_PLAY = [{'hosts': 'monitoring', 'gather_facts': False, 'tasks': [
+    {'ansible.builtin.include_role': {'name': 'prometheus', 'tasks_from': 'validate.yml'}}]}]
+
+
+@pytest.fixture(scope='module')
+def check(tmp_path_factory):
+    """The role's checks as site.yml's first plays run them (read-only, no host contacted), with extra variables."""
+    import json
+    top = tmp_path_factory.mktemp('prometheus-check')
+    (top / 'hosts.yml').write_text(yaml.safe_dump(CHECK_INVENTORY))
+    (top / 'play.yml').write_text(yaml.safe_dump(CHECK_PLAY))
+
+    def run(**extra):
+        p = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i',
+                            str(top / 'hosts.yml'), str(top / 'play.yml'), '-e', json.dumps(extra)],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300,
+                           env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1'))
+        return p.returncode, ' '.join((p.stdout + p.stderr).split())
+    return run
+
+
+@pytest.mark.parametrize('extra, words', [
+    ({}, None),
+    ({'prometheus_alert_down_for': '2 minutes'},
+     "prometheus_alert_down_for must be a Prometheus duration such as 30s, 2m or 1h30m, got '2 minutes'"),
+    ({'sglang_service_host': '127.0.0.1'},
+     'n1: its sglang listens on 127.0.0.1 only (sglang_service_host) and Prometheus scrapes it at 10.0.0.1:30000'),
+    ({'prometheus_alert_power_draw_ratio': 1.5},
+     'prometheus_alert_power_draw_ratio and prometheus_alert_power_busy_ratio must be in (0, 1]'),
+])
+def test_bad_settings_are_refused_before_anything_changes(check, extra, words):
+    rc, out = check(**extra)
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [prom]' in out and words in out, out
+
+
+def test_the_fleets_page_is_a_go_template_after_ansibles_jinja(tmp_path):
+    """templates/glm5.html.j2 holds Prometheus' Go template inside a Jinja raw block: what the role writes begins with a
+    Go comment and keeps every Go action for Prometheus to render (tests/test_prometheus_stack.py renders it there)."""
+    page = open(render('glm5.html.j2', str(tmp_path / 'glm5.html'))).read()
+    assert page.startswith('{{/* Ansible managed: ') and '{% raw %}' not in page and '{% endraw %}' not in page
+    assert page.count('{{ range query ') == 3 and page.count('{{ end }}') > 20
+    assert page.count('{{') == page.count('}}')

@@ -4,6 +4,8 @@ numbers, and an engine stopped by hand fires GLM5EngineDown through the running 
 (the lane's 10 s, scraped and evaluated every 2 s); the engine is started again and the alert resolves."""
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -18,6 +20,20 @@ NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (PROM,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
 PROM_VARS = NodeVars(scenario_inventory().host_vars(PROM))
 URL = 'http://127.0.0.1:{0}'.format(PROM_VARS['prometheus_port'])
+
+
+GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
+
+
+@pytest.fixture(scope='module')
+def fleet_inventory(tmp_path_factory):
+    """The whole lane fleet as one inventory (both hosts files, the lab's group_vars), for glm5 status."""
+    path = tmp_path_factory.mktemp('fleet-inventory')
+    folder = os.path.join(ROOT, 'molecule', 'default', 'inventory')
+    for name in os.listdir(folder):
+        os.symlink(os.path.join(folder, name), str(path / name))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    return str(path)
 
 
 def api(path):
@@ -60,7 +76,23 @@ def test_the_fleets_rules_are_loaded_with_the_inventorys_numbers(stack_node):
     assert expected['metric']['gateway'] == GATEWAY and float(expected['value'][1]) == len(NODES)
 
 
-def test_an_engine_stopped_fires_engine_down_within_its_window(stack_node):
+def test_the_fleets_page_renders_every_node_and_the_gateway(stack_node):
+    """/consoles/glm5.html, rendered by Prometheus from the role's console template: a row per engine (up, with its
+    figures), the gateway with both workers."""
+    with urllib.request.urlopen(URL + '/consoles/glm5.html', timeout=10) as r:
+        assert r.status == 200
+        page = r.read().decode()
+    assert '<h1>GLM-5 fleet</h1>' in page and 'error' not in page.lower(), page[:2000]
+    for node in NODES:
+        row = page[page.index('<td>{0}</td>'.format(node)):]
+        row = row[:row.index('</tr>')]
+        assert 'class="ok">yes' in row and row.count('<td>-</td>') <= 1, row     # p99 TTFT may have no requests
+    row = page[page.index('<td>{0}</td>'.format(GATEWAY)):]
+    row = row[:row.index('</tr>')]
+    assert 'class="ok">yes' in row and '<td>{0}</td>'.format(len(NODES)) in row, row
+
+
+def test_an_engine_stopped_fires_engine_down_within_its_window(stack_node, fleet_inventory):
     node = NODES[-1]
     hv = HOSTS[node][1]
     service = hv.get('sglang_service_name', 'glm5-sglang')
@@ -78,6 +110,14 @@ def test_an_engine_stopped_fires_engine_down_within_its_window(stack_node):
         took = time.monotonic() - stopped
         assert took >= 10, took             # not before its for: window
         assert alert['labels']['severity'] == 'critical' and node in alert['annotations']['summary']
+        # glm5 status says so, from Prometheus, with where to look
+        p = subprocess.run([GLM5, '-i', fleet_inventory, 'status', '--json'], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 1, p.stderr
+        (watch,) = json.loads(p.stdout)['monitoring']
+        assert [(f['alert'], f['where']) for f in watch['firing'] if f['alert'] == 'GLM5EngineDown'] == [
+            ('GLM5EngineDown', node)], watch
+        assert watch['page'].endswith('/consoles/glm5.html') and watch['queries'], watch
     finally:
         r = node_ssh(hv, 'systemctl', 'start', service, timeout=120)
         assert r.returncode == 0, r.stderr

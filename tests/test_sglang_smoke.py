@@ -100,6 +100,16 @@ def test_a_run_at_the_test_speed_is_judged_at_that_speed_and_says_so():
     assert 'the engine emulator ran 8x the seeds\' pace' in report.markdown(built)
 
 
+def test_the_report_says_where_to_watch_the_node_between_deploys():
+    summary, _, _ = load('healthy')
+    assert 'Between deploys' not in report.markdown(summary)
+    watch = {'host': 'prom', 'page': 'http://p:9090/consoles/glm5.html', 'alerts': 'http://p:9090/alerts',
+             'throughput': 'http://p:9090/graph?g0.expr=x'}
+    text = report.markdown(dict(summary, meta=dict(summary.get('meta') or {}, watch=[watch])))
+    assert ('Between deploys (prom): the fleet page http://p:9090/consoles/glm5.html, this node\'s output tok/s '
+            'http://p:9090/graph?g0.expr=x, its alerts http://p:9090/alerts') in text
+
+
 def test_string_level_keys_from_json_are_levels():
     cfg = defaults()
     cfg['baseline'] = {'64': {'total_tok_s': 700}}

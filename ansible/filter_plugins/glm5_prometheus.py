@@ -3,6 +3,7 @@ metrics port, and each node's throughput floor for the alert rules; what is wron
 import re
 from urllib.parse import urlsplit
 
+LOOPBACK = ('127.', 'localhost', '::1', '[::1]')
 DURATION = re.compile(r'^([0-9]+(ms|s|m|h|d|w|y))+$')
 
 
@@ -43,7 +44,8 @@ def _target(url):
 
 def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
     """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, nodes}],
-    pve_hosts: [{host, gpus}], problems: [...]}. workers: sglang_fleet_workers over the inference nodes."""
+    pve_hosts: [{host, gpus, target}] (those with the GPU metrics: roles/gpu_metrics), problems: [...]}.
+    workers: sglang_fleet_workers over the inference nodes."""
     out = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
     for w in workers:
         if not w.get('known'):
@@ -55,6 +57,11 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
             out['problems'].append('{0}: its engine URL {1!r} has no scheme, host and port to scrape'.format(
                 w['node'], w['url']))
             continue
+        host = target.rsplit(':', 1)[0]
+        if str(w.get('listen', '')).startswith(LOOPBACK) and not host.startswith(LOOPBACK):
+            out['problems'].append('{0}: its sglang listens on {1} only (sglang_service_host) and Prometheus scrapes it '
+                                   'at {2}: set sglang_service_host to an address it reaches'.format(
+                                       w['node'], w['listen'], target))
         floor = _floor(hv, smoke_defaults)
         if floor is not None and not floor > 0:
             out['problems'].append('{0}: prometheus_engine_min_output_tok_s must be > 0, got {1}'.format(w['node'], floor))
@@ -70,7 +77,14 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
         out['gateways'].append({'gateway': name, 'target': '{0}:{1}'.format(address, port),
                                 'nodes': list(_get(hv, 'sglang_gateway_nodes', groups.get('inference_nodes', [])))})
     for name in groups.get('pve_hosts', []):
-        out['pve_hosts'].append({'host': name, 'gpus': int(_get(hostvars[name], 'gpu_preflight_gpu_count', 8))})
+        hv = hostvars[name]
+        if not _get(hv, 'gpu_metrics_enabled', True):
+            continue            # no GPU metrics there (roles/gpu_metrics skipped): nothing to scrape, no threshold
+        address = _get(hv, 'ansible_host', name)
+        if _get(hv, 'ansible_connection', '') == 'local':
+            address = '127.0.0.1'
+        out['pve_hosts'].append({'host': name, 'gpus': int(_get(hv, 'gpu_preflight_gpu_count', 8)),
+                                 'target': '{0}:{1}'.format(address, int(_get(hv, 'gpu_metrics_port', 9100)))})
     return out
 
 

@@ -66,6 +66,10 @@ def markdown(summary):
     if s.get('note'):
         lines.append(s['note'])
         lines.append('')
+    for w in m.get('watch') or []:
+        lines.append('Between deploys ({0}): the fleet page {1}, this node\'s output tok/s {2}, its alerts {3}'.format(
+            w['host'], w['page'], w['throughput'], w['alerts']))
+        lines.append('')
     return '\n'.join(lines)
 
 

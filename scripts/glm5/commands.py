@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from glm5 import fleet
+from glm5 import fleet, monitoring
 from glm5.errors import OpsError, UsageError
 from glm5.node import Node
 from glm5.progress import Progress
@@ -33,15 +33,20 @@ def cmd_status(args, inv):
             results.append(node_status(node))
         finally:
             node.close()
-    bad = any(r['problems'] for r in results + sections)
+    # Prometheus last (every monitoring host): what fires now, the fleet's page, the queries that matter
+    watch = [monitoring.monitoring_status(inv, m) for m in inv.nodes(monitoring.MONITORING)]
+    bad = any(r['problems'] for r in results + sections + watch)
     if args.json:
         doc = {'healthy': not bad}
         if sections:
             doc['gateway'] = sections[0] if len(sections) == 1 else sections
         doc['nodes'] = results
+        if watch:
+            doc['monitoring'] = watch
         print(json.dumps(doc, indent=1))
     else:
-        print('\n\n'.join([fleet.gateway_text(s) for s in sections] + [status_text(r) for r in results]))
+        print('\n\n'.join([fleet.gateway_text(s) for s in sections] + [status_text(r) for r in results]
+                           + [monitoring.monitoring_text(w) for w in watch]))
     return 1 if bad else 0
 
 

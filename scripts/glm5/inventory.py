@@ -10,7 +10,7 @@ from glm5.project import ANSIBLE_CFG, ROOT, use_module_utils
 
 DEFAULT_INVENTORY = os.path.join(ROOT, 'inventories', 'lab')
 # Role defaults the command reads (under the inventory, as Ansible puts them).
-ROLE_DEFAULTS = ('pve_container', 'gpu_preflight', 'sglang_service', 'sglang_smoke', 'sglang_gateway')
+ROLE_DEFAULTS = ('pve_container', 'gpu_preflight', 'sglang_service', 'sglang_smoke', 'sglang_gateway', 'prometheus')
 # The node's contract (unit, environment file, rollback pair, readiness, key, lock): defined once, by sglang_service
 CONTRACT = (os.path.join('roles', 'sglang_service', 'vars', 'main.yml'), 'sglang_service_contract')
 # The gateway's (unit, environment file, control plane URL, metrics, drained list, nodes): by sglang_gateway
