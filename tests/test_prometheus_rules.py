@@ -5,10 +5,10 @@ scrape filter makes of an inventory, bad input included."""
 import os
 import shutil
 import subprocess
-import sys
 
 import jinja2
 import pytest
+import siterun
 import yaml
 from glm5_prometheus import prometheus_duration_problems, prometheus_scrape
 from sglang_fleet import sglang_fleet_workers
@@ -182,17 +182,13 @@ CHECK_PLAY = [{'hosts': 'monitoring', 'gather_facts': False, 'tasks': [
 @pytest.fixture(scope='module')
 def check(tmp_path_factory):
     """The role's checks as site.yml's first plays run them (read-only, no host contacted), with extra variables."""
-    import json
     top = tmp_path_factory.mktemp('prometheus-check')
     (top / 'hosts.yml').write_text(yaml.safe_dump(CHECK_INVENTORY))
     (top / 'play.yml').write_text(yaml.safe_dump(CHECK_PLAY))
 
     def run(**extra):
-        p = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i',
-                            str(top / 'hosts.yml'), str(top / 'play.yml'), '-e', json.dumps(extra)],
-                           capture_output=True, text=True, cwd=ROOT, timeout=300,
-                           env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1'))
-        return p.returncode, ' '.join((p.stdout + p.stderr).split())
+        r = siterun.site(extra, inventory=str(top / 'hosts.yml'), playbook=str(top / 'play.yml'))
+        return r.rc, r.out
     return run
 
 

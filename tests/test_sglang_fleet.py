@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import sglang_gateway_args
+import siterun
 from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,11 +212,8 @@ def tls_check(tmp_path_factory):
 
     def run(**extra):
         extra = {k: v.replace('TOP', str(top)) if isinstance(v, str) else v for k, v in extra.items()}
-        p = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i',
-                            str(top / 'hosts.yml'), str(top / 'play.yml'), '-e', json.dumps(extra)],
-                           capture_output=True, text=True, cwd=ROOT, timeout=300,
-                           env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1'))
-        return p.returncode, ' '.join((p.stdout + p.stderr).split())
+        r = siterun.site(extra, inventory=str(top / 'hosts.yml'), playbook=str(top / 'play.yml'))
+        return r.rc, r.out
     return run
 
 
