@@ -1,6 +1,6 @@
 """The fleet smoke test's decisions and report (ansible/module_utils/glm5_fleet.py, the sglang_fleet_report module):
-the plan, the gates against the nodes' summed baselines and their own sweeps on record, the report folder and the
-fleet history's index. Result lines are bench_serving's own keys (as the golden runs of tests/fixtures/smoke have
+the plan, the gates against the nodes' summed baselines and the nodes driven directly at once in the same run, the
+report folder and the fleet history's index. Result lines are bench_serving's own keys (as the golden runs of tests/fixtures/smoke have
 them). No network, no lab."""
 import copy
 import json
@@ -25,21 +25,21 @@ def settings(**change):
     return s
 
 
-def entry(node, run, ttft, tok_s=710.0, passed=True, flags=None, level='64'):
-    return {'node': node, 'run': run, 'passed': passed, 'flags_sha256': flags or 'f' + node,
-            'levels': {level: {'p99_ttft_ms': ttft, 'total_tok_s': tok_s}}}
-
-
-INDEXES = {'a': [entry('a', 'a1', 900.0), entry('a', 'a2', 560.0)], 'b': [entry('b', 'b1', 580.0)]}
-
-
 def record(completed, tok_s, ttft):
     return {'completed': completed, 'total_throughput': tok_s, 'output_throughput': tok_s / 3, 'p99_ttft_ms': ttft,
             'p99_tpot_ms': 200.0, 'mean_ttft_ms': ttft / 2}
 
 
-def sweep(prompts=512, line=0):
-    return [{'concurrency': 128, 'prompts': prompts, 'line': line, 'error': None, 'engine': None}]
+def sweep(prompts=512, line=0, direct=None):
+    """One level through the gateway (128: 64 a node), with each node's direct run at 64 (its line in DIRECT)."""
+    return [{'concurrency': 128, 'prompts': prompts, 'line': line, 'error': None, 'engine': None,
+             'direct': direct if direct is not None else [
+                 {'node': 'a', 'concurrency': 64, 'prompts': 256, 'line': 0, 'error': None, 'engine': None},
+                 {'node': 'b', 'concurrency': 64, 'prompts': 256, 'line': 0, 'error': None, 'engine': None}]}]
+
+
+# each node driven directly at 64, both at once: b the slower
+DIRECT = {'a': [record(256, 705.0, 560.0)], 'b': [record(256, 715.0, 580.0)]}
 
 
 def gates(level):
@@ -49,8 +49,10 @@ def gates(level):
 # ---------------------------------------------------------------- settings and plan
 def test_the_plan_drives_each_level_at_level_times_nodes_with_the_nodes_prompt_count():
     assert fleet.sweep_plan(settings(levels=[64, 1024])) == [
-        {'per_node': 64, 'concurrency': 128, 'prompts': 512}, {'per_node': 1024, 'concurrency': 2048, 'prompts': 8192}]
-    assert fleet.sweep_plan(settings(levels=[1], min_prompts=8)) == [{'per_node': 1, 'concurrency': 2, 'prompts': 8}]
+        {'per_node': 64, 'direct_prompts': 256, 'concurrency': 128, 'prompts': 512},
+        {'per_node': 1024, 'direct_prompts': 4096, 'concurrency': 2048, 'prompts': 8192}]
+    assert fleet.sweep_plan(settings(levels=[1], min_prompts=8)) == [
+        {'per_node': 1, 'direct_prompts': 8, 'concurrency': 2, 'prompts': 8}]
 
 
 @pytest.mark.parametrize('change, words', [
@@ -76,43 +78,53 @@ def test_the_module_refuses_bad_settings_before_anything_runs(capsys):
     out = run_module(sglang_fleet_report, capsys, action='validate', settings=settings(levels=[]))
     assert out['failed'] and 'Nothing was run' in out['msg'] and 'non-empty list' in out['msg']
     ok = run_module(sglang_fleet_report, capsys, action='validate', settings=settings())
-    assert not ok.get('failed') and ok['plan'] == [{'per_node': 64, 'concurrency': 128, 'prompts': 512}]
+    assert not ok.get('failed') and ok['plan'] == [{'per_node': 64, 'direct_prompts': 256, 'concurrency': 128,
+                                                     'prompts': 512}]
 
 
 # ---------------------------------------------------------------- gates
 def test_a_fleet_at_the_summed_baseline_with_little_added_latency_passes():
-    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 600.0)], settings(), INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 600.0)], settings(), DIRECT)
     g = gates(lv)
     assert lv['passed'] and set(g) == {'completed', 'total_tok_s', 'ttft_overhead_ms'}
     assert lv['expected_total_tok_s'] == 1400 and g['total_tok_s']['threshold'] == 1260
-    # the reference is each node's LATEST passed sweep with its current flags; the slowest of them (b, 580 ms)
+    # the reference is the nodes driven directly at 64 at once, in this run; the slowest of them (b, 580 ms)
     assert lv['reference']['p99_ttft_ms'] == 580.0 and lv['ttft_overhead_ms'] == 20.0
-    assert [r['run'] for r in lv['reference']['nodes']] == ['a2', 'b1']
+    assert [r['node'] for r in lv['reference']['nodes']] == ['a', 'b'] and lv['reference']['missing'] == []
     assert lv['reference']['total_tok_s'] == 1420.0
 
 
+def test_the_reference_is_the_same_moments_load_not_the_nodes_idle_sweeps():
+    """What made make deploy fail on two shared CPUs: each node alone had 898 ms, both driven at once (the gateway's
+    load, without it) 1,430 ms; through the gateway 1,455 ms is +25 ms, not +557."""
+    direct = {'a': [record(256, 690.0, 1400.0)], 'b': [record(256, 700.0, 1430.0)]}
+    (lv,) = fleet.evaluate(sweep(), [record(512, 1390.0, 1455.0)], settings(), direct)
+    assert lv['passed'] and lv['ttft_overhead_ms'] == 25.0, lv['gates']
+
+
 def test_throughput_below_the_summed_baseline_fails_and_says_the_sum():
-    (lv,) = fleet.evaluate(sweep(), [record(512, 1200.0, 600.0)], settings(), INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(512, 1200.0, 600.0)], settings(), DIRECT)
     g = gates(lv)['total_tok_s']
     assert not lv['passed'] and not g['passed']
     assert "total tok/s 1,200.0 < 1,260.0 (the 2 nodes' baselines at 64 each, 1,400.0 in all, x 0.9)" == g['text']
 
 
 def test_latency_the_gateway_adds_over_the_limit_fails_naming_the_slowest_node():
-    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 700.0)], settings(), INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 700.0)], settings(), DIRECT)
     g = gates(lv)['ttft_overhead_ms']
     assert not g['passed'] and g['value'] == 120.0
-    assert g['text'].startswith('p99 TTFT added by the gateway +120.0 ms > 50') and 'b alone at 64: 580.0 ms, run b1' in g['text']
+    assert g['text'] == ('p99 TTFT added by the gateway +120.0 ms > 50 (through it 700.0 ms; the nodes driven directly '
+                         'at 64 each at once: the slowest, b, 580.0 ms)')
 
 
 def test_failed_requests_fail_the_level():
-    (lv,) = fleet.evaluate(sweep(), [record(500, 1400.0, 600.0)], settings(), INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(500, 1400.0, 600.0)], settings(), DIRECT)
     assert not gates(lv)['completed']['passed'] and '500 of 512 requests completed (12 failed)' == gates(lv)['completed']['text']
 
 
 def test_no_result_line_fails_with_the_benchmarks_error():
     item = dict(sweep()[0], line=None, error='bench_serving exited 1 and wrote no result: boom')
-    (lv,) = fleet.evaluate([item], [], settings(), INDEXES)
+    (lv,) = fleet.evaluate([item], [], settings(), DIRECT)
     assert not lv['passed'] and 'no result from bench_serving through the gateway at concurrency 128: bench_serving exited 1' \
         in lv['gates'][0]['text']
 
@@ -120,10 +132,10 @@ def test_no_result_line_fails_with_the_benchmarks_error():
 def test_each_node_at_its_own_pace_and_a_node_without_a_baseline_leaves_throughput_ungated():
     s = settings()
     s['nodes'][1]['speed_factor'] = 4
-    (lv,) = fleet.evaluate(sweep(), [record(512, 3500.0, 600.0)], s, INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(512, 3500.0, 600.0)], s, DIRECT)
     assert lv['expected_total_tok_s'] == 700 + 2800
     s['nodes'][1]['baseline'] = {1024: {'total_tok_s': 3740}}
-    (lv,) = fleet.evaluate(sweep(), [record(512, 10.0, 600.0)], s, INDEXES)
+    (lv,) = fleet.evaluate(sweep(), [record(512, 10.0, 600.0)], s, DIRECT)
     assert lv['expected_total_tok_s'] is None and 'total_tok_s' not in gates(lv)
 
 
@@ -137,29 +149,33 @@ def test_the_plot_shows_no_baseline_where_the_nodes_have_none(monkeypatch, tmp_p
     for n in without['nodes']:
         n['baseline'] = {1024: {'total_tok_s': 3740}}
     for given in (s, without):
-        (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 600.0)], given, INDEXES)
+        (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 600.0)], given, DIRECT)
         fleet.plot_fleet(fleet.build_summary('r', 's', {}, given, {'passed': True}, [lv]), str(tmp_path / 'f.png'))
     legends = [[t.get_text() for t in fig.axes[0].get_legend().get_texts()] for fig in figures]
     assert "the nodes' baselines, summed" in legends[0] and 'gate (baselines x 0.9)' in legends[0]
-    assert legends[1] == ['through the gateway', 'the nodes alone, summed']
+    assert legends[1] == ['through the gateway', 'the nodes directly at once, summed']
     assert [len(fig.axes[0].patches) for fig in figures] == [3, 2]
 
 
-def test_a_node_without_a_passed_sweep_at_the_level_leaves_the_added_ttft_ungated_and_said():
-    indexes = copy.deepcopy(INDEXES)
-    indexes['b'] = [entry('b', 'b0', 580.0, passed=False), entry('b', 'b9', 500.0, level='1024')]
-    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 5000.0)], settings(), indexes)
-    assert lv['passed'] and 'ttft_overhead_ms' not in gates(lv) and lv['reference']['missing'] == ['b']
+def test_a_node_that_fails_requests_directly_fails_the_level_and_leaves_the_added_ttft_ungated():
+    direct = dict(DIRECT, b=[record(250, 700.0, 580.0)])
+    (lv,) = fleet.evaluate(sweep(), [record(512, 1400.0, 5000.0)], settings(), direct)
+    g = gates(lv)
+    assert not lv['passed'] and 'ttft_overhead_ms' not in g and lv['ttft_overhead_ms'] is None
+    assert g['direct']['text'] == 'driven directly at 64 each, without the gateway: b: 250 of 256 requests completed'
     summary = fleet.build_summary('r', 's', {}, settings(), {'passed': True}, [lv])
-    assert summary['notes'] == ['Concurrency 128: b has no passed sweep at 64 on record: the TTFT the gateway adds '
-                                'is not gated there.']
+    assert summary['reasons'] == ['concurrency 128 (64 a node): driven directly at 64 each, without the gateway: b: 250 '
+                                  'of 256 requests completed']
 
 
-def test_a_sweep_with_other_flags_is_the_reference_only_when_none_has_the_current_ones():
-    indexes = {'a': [entry('a', 'a-now', 560.0), entry('a', 'a-other', 300.0, flags='old')],
-               'b': [entry('b', 'b-other', 590.0, flags='old')]}
-    ref = fleet.reference(indexes, settings()['nodes'], 64)
-    assert [(r['run'], r['same_flags']) for r in ref['nodes']] == [('a-now', True), ('b-other', False)]
+def test_a_node_without_a_direct_result_names_why_and_one_not_run_says_so():
+    item = sweep(direct=[{'node': 'a', 'concurrency': 64, 'prompts': 256, 'line': 0},
+                         {'node': 'b', 'concurrency': 64, 'prompts': 256, 'line': None,
+                          'error': 'bench_serving exited 1 and wrote no result: boom.'}])
+    (lv,) = fleet.evaluate(item, [record(512, 1400.0, 600.0)], settings(), DIRECT)
+    assert gates(lv)['direct']['text'].endswith('b: bench_serving exited 1 and wrote no result: boom')
+    (lv,) = fleet.evaluate(sweep(direct=[]), [record(512, 1400.0, 600.0)], settings(), DIRECT)
+    assert gates(lv)['direct']['text'].endswith('a: not run; b: not run')
 
 
 def test_a_failed_probe_fails_the_run_and_no_level_is_no_pass():
@@ -175,14 +191,17 @@ def test_the_module_writes_the_report_the_plot_and_the_fleet_index(tmp_path, cap
     run = history / 'r2'
     run.mkdir(parents=True)
     (run / 'bench.jsonl').write_text(json.dumps(record(512, 1400.0, 600.0)) + '\n')
+    for node, lines in DIRECT.items():
+        (run / 'direct-{0}.jsonl'.format(node)).write_text(''.join(json.dumps(x) + '\n' for x in lines))
     (history / 'index.jsonl').write_text(json.dumps({'run': 'r1', 'started': '2026-12-01T00:00:00Z', 'passed': False,
                                                      'levels': {'128': {'total_tok_s': 900.0}}}) + '\n')
     out = run_module(sglang_fleet_report, capsys, settings=settings(), run_id='r2', started='2026-12-01T01:00:00Z',
                      run_dir=str(run), history_dir=str(history), meta={'gateway': 'gw', 'url': 'http://gw:8000',
                                                                        'policy': 'power_of_two', 'drained': ['c']},
                      probe={'passed': True, 'problems': [], 'results': [{}, {}, {}]},
-                     sweep=[{'concurrency': 128, 'prompts': 512, 'line': 0, 'error': None, 'seconds': 9.0}],
-                     indexes={'a': '\n'.join(json.dumps(e) for e in INDEXES['a']), 'b': json.dumps(INDEXES['b'][0])})
+                     sweep=[{'concurrency': 128, 'prompts': 512, 'line': 0, 'error': None, 'seconds': 9.0,
+                             'direct': [{'node': 'a', 'line': 0, 'seconds': 8.0, 'ansible_job_id': 'j1'},
+                                        {'node': 'b', 'line': 0, 'seconds': 8.5, 'finished': 1}]}])
     assert not out.get('failed'), out
     assert out['passed'] and out['files'] == ['summary.json', 'report.md', 'fleet.png']
     assert out['index_files'] == ['index.jsonl', 'index.md', 'trend.png']
@@ -200,7 +219,14 @@ def test_the_module_writes_the_report_the_plot_and_the_fleet_index(tmp_path, cap
     assert entries[1]['levels']['128'] == {'total_tok_s': 1400.0, 'expected_total_tok_s': 1400, 'p99_ttft_ms': 600.0,
                                            'ttft_overhead_ms': 20.0, 'failed': 0}
     assert '| [r2](r2/report.md) | gw | a, b | pass | 1,400.0 @128 | +20.0 ms |' in (history / 'index.md').read_text()
-    assert json.loads((run / 'summary.json').read_text())['meta']['policy'] == 'power_of_two'
+    summary = json.loads((run / 'summary.json').read_text())
+    assert summary['meta']['policy'] == 'power_of_two'
+    # each node's direct run kept with its level's planned figures, and nothing else of Ansible's result
+    assert summary['sweep'][0]['direct'] == [
+        {'node': 'a', 'concurrency': 64, 'prompts': 256, 'line': 0, 'exit_code': None, 'error': None, 'engine': None,
+         'seconds': 8.0},
+        {'node': 'b', 'concurrency': 64, 'prompts': 256, 'line': 0, 'exit_code': None, 'error': None, 'engine': None,
+         'seconds': 8.5}]
     assert os.path.getsize(history / 'trend.png') > 0
 
 
@@ -211,5 +237,18 @@ def test_a_level_the_module_could_not_run_still_names_its_level(tmp_path, capsys
                      run_dir=str(run), history_dir=str(tmp_path / 'runs'), probe={'passed': True, 'results': []},
                      sweep=[{'failed': True, 'msg': 'cannot start bench_serving with /x/python: No such file'}])
     assert not out['passed']
-    assert out['reasons'] == ['concurrency 128 (64 a node): no result from bench_serving through the gateway at '
+    assert out['reasons'] == ['concurrency 128 (64 a node): driven directly at 64 each, without the gateway: a: not run; '
+                              'b: not run',
+                              'concurrency 128 (64 a node): no result from bench_serving through the gateway at '
                               'concurrency 128: cannot start bench_serving with /x/python: No such file']
+
+
+def test_a_direct_run_the_module_could_not_run_is_named_with_its_error(tmp_path, capsys):
+    run = tmp_path / 'runs' / 'r'
+    run.mkdir(parents=True)
+    out = run_module(sglang_fleet_report, capsys, settings=settings(), run_id='r', started='2026-12-01T01:00:00Z',
+                     run_dir=str(run), history_dir=str(tmp_path / 'runs'), probe={'passed': True, 'results': []},
+                     sweep=[{'failed': True, 'msg': 'gateway down',
+                             'direct': [{'node': 'a', 'failed': True, 'msg': 'cannot start bench_serving on a'}]}])
+    assert out['reasons'][0] == ('concurrency 128 (64 a node): driven directly at 64 each, without the gateway: a: '
+                                 'cannot start bench_serving on a; b: not run')

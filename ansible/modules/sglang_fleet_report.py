@@ -8,14 +8,15 @@ short_description: The fleet smoke test's settings check, sweep plan, gates and 
 description:
   - C(action=validate) checks the fleet smoke test's settings (per-node levels, tolerance, the TTFT the gateway may
     add, the nodes and their baselines) and fails with every problem, one line each, before any load; it returns the
-    sweep's plan (C(plan)) - each per-node level c is driven through the gateway at c x nodes, with as many prompts
-    as the node's smoke test sends per concurrency.
-  - C(action=report) reads a run folder (C(bench.jsonl) written by the sglang_bench module through the gateway) and
-    the nodes' bench-history indexes, applies the gates (every request completed; total tok/s at least the sum of the
-    nodes' baselines at c, each at its own pace, x tolerance; the p99 TTFT the gateway adds over the slowest node's
-    own p99 at c, from its latest passed sweep, at most C(ttft_overhead_ms)), and writes C(summary.json),
-    C(report.md) and C(fleet.png) into the folder, then the fleet history's C(index.jsonl), C(index.md) and
-    C(trend.png). A level no node has a passed sweep for is not gated on the added TTFT; the report says so.
+    sweep's plan (C(plan)) - at each per-node level c every node is driven directly at c, all at once
+    (C(direct_prompts) each), then the gateway at c x nodes, with as many prompts as the node's smoke test sends per
+    concurrency.
+  - C(action=report) reads a run folder (C(bench.jsonl) written by the sglang_bench module through the gateway, and
+    each node's direct runs, C(direct-NODE.jsonl)), applies the gates (every request completed, directly and through
+    the gateway; total tok/s at least the sum of the nodes' baselines at c, each at its own pace, x tolerance; the p99
+    TTFT the gateway adds over the slowest node's p99 when the nodes were driven directly at c at once, in this run,
+    at most C(ttft_overhead_ms)), and writes C(summary.json), C(report.md) and C(fleet.png) into the folder, then
+    the fleet history's C(index.jsonl), C(index.md) and C(trend.png).
   - Needs matplotlib (requirements.txt) where it runs.
 options:
   action: {description: validate or report., type: str, choices: [validate, report], default: report}
@@ -31,11 +32,13 @@ options:
   history_dir: {description: The fleet's history (its runs' folders and its index) on this machine., type: path}
   meta: {description: What ran (gateway, url, policy, version)., type: dict, default: {}}
   probe: {description: The sglang_probe result through the gateway (passed, problems, results)., type: dict}
-  sweep: {description: The sglang_bench results, in the plan's order., type: list, elements: dict, default: []}
-  indexes:
-    description: Each node's bench-history index (index.jsonl's text), by node name; a node without one is missing.
-    type: dict
-    default: {}
+  sweep:
+    description: >-
+      The sglang_bench results through the gateway, in the plan's order; each with C(direct), its level's sglang_bench
+      results of the nodes driven directly (each with C(node): its name).
+    type: list
+    elements: dict
+    default: []
 author: GLM-5 node maintainers
 '''
 
@@ -48,13 +51,12 @@ EXAMPLES = r'''
     run_dir: /tmp/fleet/runs/20261201T120000Z-0a1b2c3d-glm5-gw
     history_dir: /tmp/fleet/runs
     probe: "{{ probe }}"
-    sweep: "{{ bench.results }}"
-    indexes: {glm5-a: "{{ index_a }}", glm5-b: "{{ index_b }}"}
+    sweep: "{{ bench_results }}"
   delegate_to: localhost
 '''
 
 RETURN = r'''
-plan: {description: "The sweep: [{per_node, concurrency, prompts}].", returned: always, type: list}
+plan: {description: "The sweep: [{per_node, direct_prompts, concurrency, prompts}].", returned: always, type: list}
 passed: {description: The verdict., returned: action=report, type: bool}
 reasons: {description: Why it failed, one line each., returned: action=report, type: list}
 markdown: {description: The report (report.md) less its plots., returned: action=report, type: str}
@@ -65,19 +67,26 @@ summary: {description: summary.json's content., returned: action=report, type: d
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.glm5_fleet import problems, sweep_plan, write
-from ansible.module_utils.glm5_results import parse_jsonl
 
 SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds')
 
 
 def sweep_item(item, planned):
-    """What the report keeps of one sglang_bench result; one that failed outright still names its level."""
+    """What the report keeps of one level's sglang_bench results (through the gateway, and each node's directly);
+    one that failed outright still names its level."""
     out = {k: item.get(k) for k in SWEEP_KEYS}
     for key in ('concurrency', 'prompts'):
         if out[key] is None:
             out[key] = planned[key]
     if out['error'] is None and item.get('failed'):
         out['error'] = item.get('msg') or 'the sglang_bench module failed'
+    out['direct'] = []
+    for d in item.get('direct') or []:
+        one = sweep_item(dict(d, direct=None), {'concurrency': planned['per_node'],
+                                                'prompts': planned['direct_prompts']})
+        del one['direct']
+        one['node'] = d.get('node')
+        out['direct'].append(one)
     return out
 
 
@@ -93,7 +102,6 @@ def main():
             meta=dict(type='dict', default={}),
             probe=dict(type='dict'),
             sweep=dict(type='list', elements='dict', default=[]),
-            indexes=dict(type='dict', default={}),
         ),
         required_if=[('action', 'report', ('run_id', 'started', 'run_dir', 'history_dir'))],
         supports_check_mode=True,
@@ -107,10 +115,9 @@ def main():
     if p['action'] == 'validate' or module.check_mode:
         module.exit_json(changed=False, plan=plan)
     try:
-        indexes = {name: parse_jsonl(text or '') for name, text in (p['indexes'] or {}).items()}
         sweep = [sweep_item(item, planned) for item, planned in zip(p['sweep'] or [], plan, strict=False)]
         summary, files, index_files = write(p['run_dir'], p['history_dir'], p['run_id'], p['started'], p['meta'] or {},
-                                            p['settings'], p['probe'], sweep, indexes)
+                                            p['settings'], p['probe'], sweep)
     except (ValueError, OSError) as exc:
         module.fail_json(msg='The fleet smoke-test report could not be written: {0}'.format(exc), plan=plan)
     with open('{0}/report.md'.format(p['run_dir'])) as fh:
