@@ -586,12 +586,17 @@ def test_the_bench_module_without_nvidia_smi_says_so(engine, python, model, tmp_
 
 def test_the_bench_module_on_sglangs_native_api_samples_nothing_when_told(engine, python, model, tmp_path, capsys):
     """The fleet smoke test's call: backend sglang (/generate, what the gateway accepts), no GPU sampling (the client
-    is one node, not the fleet's GPUs)."""
-    out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='', backend='sglang')
+    is one node, not the fleet's GPUs), each request's TTFT kept (the fleet test leaves out the first wave), the
+    rest of bench_serving's details (texts, inter-token latencies) not."""
+    out = bench(engine, python, model, tmp_path, capsys, prompts=4, nvidia_smi='', backend='sglang', ttfts=True)
     assert out['exit_code'] == 0 and out['result']['completed'] == 4, out
-    assert out['cmd'][out['cmd'].index('--backend') + 1] == 'sglang'
+    assert out['cmd'][out['cmd'].index('--backend') + 1] == 'sglang' and '--output-details' in out['cmd']
     assert out['samples'] == 0 and out['gpu_note'] == 'not sampled (no nvidia-smi given)'
     assert not (tmp_path / 'gpu.jsonl').read_text()
+    (line,) = [json.loads(x) for x in (tmp_path / 'bench.jsonl').read_text().splitlines()]
+    assert len(line['ttfts']) == 4 and all(0 < t < 60 for t in line['ttfts']), line['ttfts']
+    assert not {'generated_texts', 'itls', 'errors', 'input_lens', 'output_lens'} & set(line), sorted(line)
+    assert 'ttfts' not in out['result']
 
 
 PARSE = '''

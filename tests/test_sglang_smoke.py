@@ -454,6 +454,13 @@ def test_a_failed_run_with_nothing_to_go_back_to_says_so(tmp_path, previous):
     assert unit.read_text() == '[Service]\n' and env.read_text() == 'K=v\n'
 
 
+def test_only_the_ttfts_of_bench_servings_details_are_kept_and_a_failed_requests_is_none():
+    import sglang_bench
+    line = {'completed': 2, 'ttfts': [0.5, 0.0, 0.7], 'errors': ['', 'HTTP 503', ''], 'itls': [[0.1], [], [0.2]],
+            'generated_texts': ['a', '', 'b'], 'input_lens': [3, 3, 3], 'output_lens': [1, 0, 1]}
+    assert sglang_bench.only_ttfts(line) == {'completed': 2, 'ttfts': [0.5, None, 0.7]}
+
+
 def test_a_bench_serving_line_leaves_sglang_bench_without_a_secret():
     """bench_serving copies /server_info, the API key among sglang's args, into its result line (this golden run's
     line holds a lab key): sglang_bench scrubs the line before it reaches the history."""

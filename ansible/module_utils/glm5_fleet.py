@@ -1,12 +1,13 @@
 """The fleet smoke test's figures: a sweep through the gateway judged against the nodes behind it.
 
-Each level is a per-node concurrency c. First every node is driven directly at c, all at once (each from its own
-SGLang environment at its own engine: the load the gateway gives each, without the gateway), then the gateway at
-c x nodes. The gates: every request completed, directly and through the gateway; the fleet's total tok/s at least the
-sum of the nodes' baselines at c (each at its own pace) x tolerance; the p99 TTFT the gateway adds (the fleet's p99
-less the slowest node's p99 when driven directly at the same moment's load) at most a limit. The reference is
-measured in the same run under the same load, not taken from each node's own sweep minutes earlier, when the other
-nodes were idle: on hosts that share CPUs (the lab's two) that difference alone was +558 ms, blamed on the gateway.
+Each level is a per-node concurrency c. First every node is driven directly at c, all at once (a bench_serving on
+each node at its own engine), then the same clients through the gateway (a bench_serving on each node at c against
+the gateway: c x nodes in all). The only difference between the two is the gateway in the path. The gates: every
+request completed, directly and through the gateway; the fleet's total tok/s at least the sum of the nodes' baselines
+at c (each at its own pace) x tolerance; the p99 TTFT the gateway adds (the slowest client's p99 through it less the
+slowest node's directly) at most a limit. Measured so, not against each node's own sweep minutes earlier with the
+other nodes idle (on the lab's two shared CPUs that alone was +558 ms), nor with one client at c x nodes (one Python
+process holding twice the streams: +286 ms more there).
 """
 from __future__ import annotations
 
@@ -68,59 +69,116 @@ def expected_total(nodes, level):
     return round(float(sum(values)), 2) if values and all(is_number(v) for v in values) else None
 
 
-def reference(item, direct_records, nodes):
-    """The nodes driven directly at the level's per-node concurrency, all at once, in this run (item['direct']: one
-    sglang_bench result a node, its line in that node's direct_records). -> {p99_ttft_ms (the slowest node's),
-    total_tok_s (their sum), nodes: [{node, p99_ttft_ms, total_tok_s, completed, failed}], missing: [{node, why}]}:
-    a node without a result, or with failed requests, is missing (and fails the level)."""
-    found, missing = [], []
-    by_node = {d.get('node'): d for d in item.get('direct') or []}
-    for n in nodes:
-        d = by_node.get(n['name'])
-        records = direct_records.get(n['name']) or []
-        line = (d or {}).get('line')
-        record = records[line] if line is not None and 0 <= line < len(records) else None
-        if d is None or record is None:
-            why = 'not run' if d is None else ((d.get('engine') or d.get('error') or 'no result line').rstrip('.'))
-            missing.append({'node': n['name'], 'why': why})
+SUMMED = ('completed', 'input_tokens', 'output_tokens', 'requests_per_s', 'input_tok_s', 'output_tok_s', 'total_tok_s',
+          'peak_output_tok_s', 'peak_concurrent_requests')
+
+
+def combined(parts, concurrency, prompts):
+    """Several clients' level_metrics, run at the same time, as one: counts and throughputs summed, means weighted by
+    the requests completed, every other figure (p99s, medians, duration) the slowest client's."""
+    out = {'concurrency': int(concurrency), 'prompts': int(prompts)}
+    done = sum(p.get('completed') or 0 for p in parts)
+    for key in parts[0] if parts else []:
+        if key in ('concurrency', 'prompts', 'failed', 'node'):
             continue
-        m = level_metrics(record, d.get('concurrency') or item.get('per_node') or 0, d.get('prompts') or 0)
-        row = {'node': n['name'], 'p99_ttft_ms': m['p99_ttft_ms'], 'total_tok_s': m['total_tok_s'],
-               'completed': m['completed'], 'failed': m['failed']}
-        found.append(row)
-        if m['failed'] or not is_number(m['p99_ttft_ms']):
-            missing.append({'node': n['name'], 'why': '{0} of {1} requests completed'.format(
-                fmt(m['completed']), m['prompts'])})
-    ok = found and not missing
-    totals = [f['total_tok_s'] for f in found]
-    return {'p99_ttft_ms': max(f['p99_ttft_ms'] for f in found) if ok else None,
-            'total_tok_s': round(sum(totals), 2) if ok and all(is_number(t) for t in totals) else None,
-            'nodes': found, 'missing': missing}
+        values = [p.get(key) for p in parts]
+        if not all(is_number(v) for v in values):
+            out[key] = None
+        elif key in SUMMED:
+            out[key] = round(sum(values), 2)
+        elif key.startswith('mean_') and done:
+            out[key] = round(sum(v * (p.get('completed') or 0) for v, p in zip(values, parts, strict=True)) / done, 2)
+        else:
+            out[key] = max(values)
+    out['failed'] = int(prompts) - int(out.get('completed') or 0)
+    return out
 
 
-def evaluate(sweep, records, settings, direct_records):
-    """sweep: the sglang_bench results through the gateway (concurrency c x nodes), in settings['levels'] order, each
-    with its level's direct runs (direct: [{node, line, ...}]); records: the gateway's result lines; direct_records:
-    {node: its direct result lines}."""
+def percentile(values, q):
+    """numpy's default (linear) percentile, as bench_serving computes its p99s."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    rank = (len(xs) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(xs) - 1)
+    return xs[low] + (xs[high] - xs[low]) * (rank - low)
+
+
+def after_first_wave(record, per_node):
+    """The p99 TTFT (ms) of a client's requests after its first wave (the first per_node requests, sent at once, each
+    opening its connection: TLS handshakes through the gateway, all at the same moment), from the line's ttfts
+    (sglang_bench's ttfts); None without them or without a request after the first wave."""
+    ttfts = record.get('ttfts') if isinstance(record, dict) else None
+    rest = [t for t in (ttfts or [])[per_node:] if is_number(t)]
+    return round(percentile(rest, 99) * 1000, 2) if rest else None
+
+
+def clients(runs, records, names, per_node, prompts_each):
+    """One bench_serving a node, all at the same time (runs: the sglang_bench results, each with node and its line in
+    records[node]). -> (their figures combined, or None when one has no result; [each client's figures, with node];
+    [(node, why) for each without a result])."""
+    parts, missing = [], []
+    by_node = {r.get('node'): r for r in runs or []}
+    for name in names:
+        run = by_node.get(name)
+        lines = records.get(name) or []
+        line = (run or {}).get('line')
+        record = lines[line] if line is not None and 0 <= line < len(lines) else None
+        if run is None or record is None:
+            missing.append((name, 'not run' if run is None
+                            else (run.get('engine') or run.get('error') or 'no result line').rstrip('.')))
+            continue
+        parts.append(dict(level_metrics(record, per_node, run.get('prompts') or prompts_each), node=name,
+                          steady_p99_ttft_ms=after_first_wave(record, per_node)))
+    together = combined(parts, per_node * len(names), prompts_each * len(names)) if parts and not missing else None
+    return together, parts, missing
+
+
+def ttft_figures(through, direct):
+    """The p99 TTFTs the gateway is judged on: after the first wave when both sides have them (each client's first
+    requests open their connections all at once: on a host short of CPUs their TLS handshakes through the gateway
+    are the whole tail), else over every request; both kept. -> {steady, through, direct, through_all, direct_all}."""
+    t, d = through or {}, direct or {}
+    steady = is_number(t.get('steady_p99_ttft_ms')) and is_number(d.get('steady_p99_ttft_ms'))
+    key = 'steady_p99_ttft_ms' if steady else 'p99_ttft_ms'
+    return {'steady': steady, 'through': t.get(key), 'direct': d.get(key),
+            'through_all': t.get('p99_ttft_ms'), 'direct_all': d.get('p99_ttft_ms')}
+
+
+def evaluate(sweep, settings, records):
+    """sweep: one item a level, in settings['levels'] order: {concurrency, prompts, prompts_each, direct: [the nodes'
+    sglang_bench results, each at its own engine], gateway: [the same nodes' through the gateway]}; records:
+    {'direct': {node: result lines}, 'gateway': {node: result lines}}."""
     nodes = settings['nodes']
+    names = [n['name'] for n in nodes]
     tol = settings['tolerance']
     limit = settings.get('ttft_overhead_ms')
     levels = []
     for per_node, item in zip(settings['levels'], sweep, strict=False):
-        line = item.get('line')
-        record = records[line] if line is not None and 0 <= line < len(records) else None
-        metrics = level_metrics(record, item['concurrency'], item.get('prompts') or 0)
+        each = item.get('prompts_each') or prompts_for(per_node, settings['prompts_per_concurrency'],
+                                                       settings['min_prompts'])
+        direct, direct_parts, direct_missing = clients(item.get('direct'), records.get('direct') or {}, names,
+                                                       per_node, each)
+        through, parts, missing = clients(item.get('gateway'), records.get('gateway') or {}, names, per_node, each)
+        metrics = through or dict(level_metrics(None, per_node * len(names), each * len(names)), failed=None)
         expected = expected_total(nodes, per_node)
-        ref = reference(dict(item, per_node=per_node), direct_records, nodes)
+        ttft = ttft_figures(through, direct)
+        ref = {'p99_ttft_ms': None if direct is None or direct['failed'] else ttft['direct'],
+               'total_tok_s': None if direct is None or direct['failed'] else direct.get('total_tok_s'),
+               'metrics': direct, 'nodes': direct_parts,
+               'missing': [{'node': name, 'why': why} for name, why in direct_missing]
+               + [{'node': p['node'], 'why': '{0} of {1} requests completed'.format(fmt(p['completed']), p['prompts'])}
+                  for p in direct_parts if p['failed']]}
         gates = []
         if ref['missing']:
             gates.append({'gate': 'direct', 'passed': False, 'value': len(ref['missing']), 'threshold': 0,
                           'text': 'driven directly at {0} each, without the gateway: {1}'.format(
                               per_node, '; '.join('{0}: {1}'.format(m['node'], m['why']) for m in ref['missing']))})
-        if metrics.get('completed') is None:
+        if through is None:
             gates.append({'gate': 'result', 'passed': False, 'value': None, 'threshold': None,
-                          'text': 'no result from bench_serving through the gateway at concurrency {0}{1}'.format(
-                              item['concurrency'], ': ' + item['error'] if item.get('error') else '')})
+                          'text': 'no result from bench_serving through the gateway at {0} a client ({1})'.format(
+                              per_node, '; '.join('from {0}: {1}'.format(name, why) for name, why in missing))})
         else:
             failed = metrics['failed']
             gates.append({'gate': 'completed', 'passed': failed == 0, 'value': metrics['completed'],
@@ -135,25 +193,27 @@ def evaluate(sweep, records, settings, direct_records):
                               'text': 'total tok/s {0} {1} {2:,.1f} (the {3} nodes\' baselines at {4} each, '
                                       '{5:,.1f} in all, x {6:g})'.format(fmt(value), '>=' if ok else '<', need,
                                                                           len(nodes), per_node, expected, tol)})
-            overhead = None
-            if ref['p99_ttft_ms'] is not None and metrics.get('p99_ttft_ms') is not None:
-                overhead = metrics['p99_ttft_ms'] - ref['p99_ttft_ms']
-            if limit is not None and overhead is not None:
+            if limit is not None and ref['p99_ttft_ms'] is not None and ttft['through'] is not None:
+                overhead = ttft['through'] - ref['p99_ttft_ms']
                 ok = overhead <= limit
-                slow = max(ref['nodes'], key=lambda r: r['p99_ttft_ms'])
+                key = 'steady_p99_ttft_ms' if ttft['steady'] else 'p99_ttft_ms'
+                slow = max(direct_parts, key=lambda r: r[key])
                 gates.append({'gate': 'ttft_overhead_ms', 'passed': ok, 'value': round(overhead, 1),
                               'threshold': limit,
-                              'text': 'p99 TTFT added by the gateway {0:+,.1f} ms {1} {2:g} (through it {3} ms; the '
-                                      'nodes driven directly at {4} each at once: the slowest, {5}, {6} ms)'.format(
-                                          overhead, '<=' if ok else '>', limit, fmt(metrics['p99_ttft_ms']),
-                                          per_node, slow['node'], fmt(slow['p99_ttft_ms']))})
-            if item.get('engine'):
-                gates.append({'gate': 'engine', 'passed': False, 'value': None, 'threshold': None,
-                              'text': item['engine']})
-        levels.append({'concurrency': item['concurrency'], 'per_node': per_node, 'metrics': metrics,
-                       'expected_total_tok_s': expected, 'reference': ref,
-                       'ttft_overhead_ms': None if metrics.get('completed') is None or ref['p99_ttft_ms'] is None
-                       or metrics.get('p99_ttft_ms') is None else round(metrics['p99_ttft_ms'] - ref['p99_ttft_ms'], 1),
+                              'text': 'p99 TTFT{0} added by the gateway {1:+,.1f} ms {2} {3:g} (through it {4} ms, the '
+                                      'slowest of {5} clients at {6}; the nodes driven directly at {6} each at once: '
+                                      'the slowest, {7}, {8} ms)'.format(
+                                          ' after the first wave' if ttft['steady'] else '', overhead,
+                                          '<=' if ok else '>', limit, fmt(ttft['through']), len(names), per_node,
+                                          slow['node'], fmt(slow[key]))})
+            engines = [r.get('engine') for r in (item.get('gateway') or []) + (item.get('direct') or [])
+                       if r.get('engine')]
+            for text in dict.fromkeys(engines):
+                gates.append({'gate': 'engine', 'passed': False, 'value': None, 'threshold': None, 'text': text})
+        levels.append({'concurrency': per_node * len(names), 'per_node': per_node, 'metrics': metrics,
+                       'clients': parts, 'expected_total_tok_s': expected, 'reference': ref, 'ttft': ttft,
+                       'ttft_overhead_ms': None if through is None or ref['p99_ttft_ms'] is None
+                       or ttft['through'] is None else round(ttft['through'] - ref['p99_ttft_ms'], 1),
                        'gates': gates, 'passed': all(g['passed'] for g in gates)})
     return levels
 
@@ -204,13 +264,36 @@ def markdown(s):
                   '| p99 TTFT ms | slowest node directly | added by the gateway | verdict |',
                   '|---:|---:|---:|---:|---:|---:|---:|---:|:---|']
         for lv in s['levels']:
-            x, ref = lv['metrics'], lv['reference']
+            x, ref, t = lv['metrics'], lv['reference'], lv.get('ttft') or {}
             lines.append('| {0} ({1}) | {2} of {3} | {4} | {5} | {6} | {7} | {8} | {9} | {10} |'.format(
                 lv['concurrency'], lv['per_node'], fmt(x.get('completed')), fmt(x.get('prompts')),
                 fmt(x.get('total_tok_s')), fmt(lv['expected_total_tok_s']), fmt(ref['total_tok_s']),
-                fmt(x.get('p99_ttft_ms')), fmt(ref['p99_ttft_ms']),
+                fmt(t.get('through')), fmt(ref['p99_ttft_ms']),
                 'n/a' if lv['ttft_overhead_ms'] is None else '{0:+,.1f} ms'.format(lv['ttft_overhead_ms']),
                 'pass' if lv['passed'] else 'FAIL'))
+        lines.append('')
+        for lv in s['levels']:
+            t = lv.get('ttft') or {}
+            if t.get('steady'):
+                lines.append('Concurrency {0}: p99 TTFT after each client\'s first wave ({1} requests sent at once, '
+                             'each opening its connection); over every request {2} ms through the gateway, {3} '
+                             'directly ({4}; not gated).'.format(
+                                 lv['concurrency'], lv['per_node'], fmt(t.get('through_all')), fmt(t.get('direct_all')),
+                                 'n/a' if not (is_number(t.get('through_all')) and is_number(t.get('direct_all')))
+                                 else '{0:+,.1f} ms'.format(t['through_all'] - t['direct_all'])))
+        lines += ['', 'Each node\'s client, directly at its engine and then through the gateway, the clients of a level '
+                  'all at once (p99 TTFT over every request / after the first wave):', '',
+                  '| concurrency (a node) | client | directly: completed | tok/s | p99 TTFT ms | through the gateway: '
+                  'completed | tok/s | p99 TTFT ms |', '|---:|:---|---:|---:|---:|---:|---:|---:|']
+        for lv in s['levels']:
+            direct = {p['node']: p for p in lv['reference'].get('nodes') or []}
+            through = {p['node']: p for p in lv.get('clients') or []}
+            for node in [n['name'] for n in s['nodes']]:
+                d, g = direct.get(node) or {}, through.get(node) or {}
+                lines.append('| {0} ({1}) | {2} | {3} | {4} | {5} / {6} | {7} | {8} | {9} / {10} |'.format(
+                    lv['concurrency'], lv['per_node'], node, fmt(d.get('completed')), fmt(d.get('total_tok_s')),
+                    fmt(d.get('p99_ttft_ms')), fmt(d.get('steady_p99_ttft_ms')), fmt(g.get('completed')),
+                    fmt(g.get('total_tok_s')), fmt(g.get('p99_ttft_ms')), fmt(g.get('steady_p99_ttft_ms'))))
         lines.append('')
     if s['reasons']:
         lines += ['Why it failed:', ''] + ['- ' + r for r in s['reasons']] + ['']
@@ -245,7 +328,7 @@ def plot_fleet(summary, path):
             ax1.plot(x - 0.28, lv['metrics']['total_tok_s'], 'x', color='tab:red', ms=12, mew=3)
     ax1.set_ylabel('total tok/s')
     ax1.set_title('Fleet throughput by concurrency')
-    bars(ax2, -0.14, [lv['metrics'].get('p99_ttft_ms') for lv in levels], 'tab:blue', 'p99 TTFT through the gateway')
+    bars(ax2, -0.14, [(lv.get('ttft') or {}).get('through') for lv in levels], 'tab:blue', 'p99 TTFT through the gateway')
     bars(ax2, 0.14, [lv['reference']['p99_ttft_ms'] for lv in levels], 'tab:green', 'p99 TTFT, slowest node directly')
     if limit is not None:
         for x, lv in zip(xs, levels, strict=True):
@@ -253,10 +336,11 @@ def plot_fleet(summary, path):
                 ax2.hlines(lv['reference']['p99_ttft_ms'] + limit, x - 0.45, x + 0.45, colors='tab:red',
                            linestyles='--', label='directly + {0:g} ms (gate)'.format(limit) if x == 0 else None)
             if lv['ttft_overhead_ms'] is not None:
-                ax2.annotate('{0:+,.0f} ms'.format(lv['ttft_overhead_ms']), (x - 0.14, lv['metrics']['p99_ttft_ms']),
+                ax2.annotate('{0:+,.0f} ms'.format(lv['ttft_overhead_ms']), (x - 0.14, lv['ttft']['through']),
                              textcoords='offset points', xytext=(0, 4), ha='center', fontsize=8)
     ax2.set_ylabel('ms')
-    ax2.set_title('p99 time to first token')
+    steady = levels and all((lv.get('ttft') or {}).get('steady') for lv in levels)
+    ax2.set_title('p99 time to first token' + (' (after the first wave)' if steady else ''))
     for ax in (ax1, ax2):
         ax.set_xticks(xs)
         ax.set_xticklabels(names)
@@ -278,7 +362,7 @@ def index_entry(s):
             'headline_concurrency': h.get('concurrency'), 'headline_total_tok_s': h.get('total_tok_s'),
             'levels': {str(lv['concurrency']): {'total_tok_s': lv['metrics'].get('total_tok_s'),
                                                 'expected_total_tok_s': lv['expected_total_tok_s'],
-                                                'p99_ttft_ms': lv['metrics'].get('p99_ttft_ms'),
+                                                'p99_ttft_ms': (lv.get('ttft') or {}).get('through'),
                                                 'ttft_overhead_ms': lv['ttft_overhead_ms'],
                                                 'failed': lv['metrics'].get('failed')}
                        for lv in s['levels']},
@@ -301,25 +385,27 @@ def index_markdown(entries):
 
 
 def sweep_plan(settings):
-    """[{per_node, direct_prompts, concurrency, prompts}]: at each level, what each node is sent directly (per_node
-    concurrent, direct_prompts in all), then what the sweep sends through the gateway."""
+    """[{per_node, concurrency, prompts, prompts_each}]: at each level every node is driven directly at per_node,
+    all at once, then through the gateway from each node at per_node (concurrency: per_node x nodes in all); each of
+    these clients sends prompts_each (prompts: in all through the gateway)."""
     n = len(settings['nodes'])
-    ppc, least = settings['prompts_per_concurrency'], settings['min_prompts']
-    return [{'per_node': c, 'direct_prompts': prompts_for(c, ppc, least), 'concurrency': c * n,
-             'prompts': prompts_for(c * n, ppc, least)} for c in settings['levels']]
+    each = [prompts_for(c, settings['prompts_per_concurrency'], settings['min_prompts']) for c in settings['levels']]
+    return [{'per_node': c, 'concurrency': c * n, 'prompts': e * n, 'prompts_each': e}
+            for c, e in zip(settings['levels'], each, strict=True)]
 
 
-def direct_file(node):
-    """The run folder's file of a node's direct result lines (bench.jsonl is the gateway's)."""
-    return 'direct-{0}.jsonl'.format(node)
+def result_file(how, node):
+    """The run folder's file of one client's result lines: how = direct (at its own engine) or gateway (through it,
+    from that node)."""
+    return '{0}-{1}.jsonl'.format(how, node)
 
 
 def write(run_dir, history_dir, run_id, started, meta, settings, probe, sweep):
     """Judge the run, write its folder (summary.json, report.md, fleet.png) and the history's index, index.md and
     trend.png. -> (summary, files in run_dir, files in history_dir)."""
-    records = read_jsonl(os.path.join(run_dir, 'bench.jsonl'))
-    direct = {n['name']: read_jsonl(os.path.join(run_dir, direct_file(n['name']))) for n in settings['nodes']}
-    levels = evaluate(sweep, records, settings, direct)
+    records = {how: {n['name']: read_jsonl(os.path.join(run_dir, result_file(how, n['name'])))
+                     for n in settings['nodes']} for how in ('direct', 'gateway')}
+    levels = evaluate(sweep, settings, records)
     summary = build_summary(run_id, started, meta, settings, probe, levels)
     summary['sweep'] = sweep
     os.makedirs(run_dir, exist_ok=True)

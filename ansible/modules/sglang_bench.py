@@ -81,6 +81,13 @@ options:
       (SSL_CERT_FILE, REQUESTS_CA_BUNDLE). Empty - the system's trust.
     type: path
     default: ''
+  ttfts:
+    description: >-
+      Each request's TTFT too: bench_serving's C(--output-details), of which only C(ttfts) is kept in the line appended
+      to C(output_file) (seconds, in the order the requests were sent; null for a request that failed). The fleet
+      smoke test leaves out the first wave of requests, whose connections every client opens at once.
+    type: bool
+    default: false
 author: GLM-5 node maintainers
 '''
 
@@ -174,14 +181,31 @@ def scrub(value, secrets):
     return value
 
 
-def append_scrubbed(raw, output_file, secrets):
-    """bench_serving's lines from raw (its private output file), secrets removed, appended to output_file.
-    -> those lines, parsed and scrubbed (none when bench_serving wrote nothing)."""
+# what --output-details adds to the result line, one entry a request in the order they were sent
+DETAILS = ('input_lens', 'output_lens', 'ttfts', 'itls', 'generated_texts', 'errors')
+
+
+def only_ttfts(record):
+    """A result line written with --output-details, of its details only each request's TTFT (seconds; None for a
+    request that failed): the generated texts and inter-token latencies would make the history heavy for nothing."""
+    details = {k: record.pop(k) for k in DETAILS if k in record}
+    ttfts, errors = details.get('ttfts') or [], details.get('errors') or []
+    if ttfts:
+        record['ttfts'] = [None if (errors[i] if i < len(errors) else '') else t for i, t in enumerate(ttfts)]
+    return record
+
+
+def append_scrubbed(raw, output_file, secrets, ttfts=False):
+    """bench_serving's lines from raw (its private output file), secrets removed (with ttfts: the details cut to
+    each request's TTFT), appended to output_file. -> those lines, parsed and scrubbed (none when bench_serving
+    wrote nothing)."""
     try:
         with open(raw) as fh:
             records = [scrub(json.loads(line), secrets) for line in fh if line.strip()]
     except OSError:
         return []
+    if ttfts:
+        records = [only_ttfts(r) for r in records]
     with open(output_file, 'a') as out:
         for record in records:
             out.write(json.dumps(record) + '\n')
@@ -255,7 +279,7 @@ def command(p, output_file):
             '--random-input-len', str(p['input_len']), '--random-output-len', str(p['output_len']),
             '--random-range-ratio', repr(float(p['range_ratio'])), '--num-prompts', str(p['prompts']),
             '--max-concurrency', str(p['concurrency']), '--request-rate', 'inf', '--seed', str(p['seed']),
-            '--output-file', output_file] + list(p['extra_args'])
+            '--output-file', output_file] + (['--output-details'] if p['ttfts'] else []) + list(p['extra_args'])
 
 
 def run(module):
@@ -320,10 +344,11 @@ def level(module, p, raw_output):
                 break
     seconds = round(time.monotonic() - t0, 1)
     engine = engine_change(p['unit'], engine_before, watched(p['unit']))
-    records = append_scrubbed(raw_output, p['output_file'], secrets)
+    records = append_scrubbed(raw_output, p['output_file'], secrets, p['ttfts'])
     scrub_file(p['log_file'], secrets)
     line = before + len(records) - 1 if records else None
-    result = records[-1] if records else None
+    # the line as written, less each request's TTFT (in the file, not in Ansible's result)
+    result = dict((k, v) for k, v in records[-1].items() if k != 'ttfts') if records else None
     error = None
     if result is None:
         error = 'bench_serving {0} and wrote no result: {1} (whole log: {2})'.format(
@@ -361,6 +386,7 @@ def main():
             extra_args=dict(type='list', elements='str', default=[]),
             unit=dict(type='str', default=''),
             ca_file=dict(type='path', default=''),
+            ttfts=dict(type='bool', default=False),
         ),
         supports_check_mode=False,
     )

@@ -8,15 +8,16 @@ short_description: The fleet smoke test's settings check, sweep plan, gates and 
 description:
   - C(action=validate) checks the fleet smoke test's settings (per-node levels, tolerance, the TTFT the gateway may
     add, the nodes and their baselines) and fails with every problem, one line each, before any load; it returns the
-    sweep's plan (C(plan)) - at each per-node level c every node is driven directly at c, all at once
-    (C(direct_prompts) each), then the gateway at c x nodes, with as many prompts as the node's smoke test sends per
-    concurrency.
-  - C(action=report) reads a run folder (C(bench.jsonl) written by the sglang_bench module through the gateway, and
-    each node's direct runs, C(direct-NODE.jsonl)), applies the gates (every request completed, directly and through
-    the gateway; total tok/s at least the sum of the nodes' baselines at c, each at its own pace, x tolerance; the p99
-    TTFT the gateway adds over the slowest node's p99 when the nodes were driven directly at c at once, in this run,
-    at most C(ttft_overhead_ms)), and writes C(summary.json), C(report.md) and C(fleet.png) into the folder, then
-    the fleet history's C(index.jsonl), C(index.md) and C(trend.png).
+    sweep's plan (C(plan)) - at each per-node level c every node is driven directly at c, all at once, then the same
+    clients (one on each node) through the gateway at c each (c x nodes in all); each client sends
+    C(prompts_each), as many prompts as the node's smoke test sends per concurrency.
+  - C(action=report) reads a run folder (the result lines the sglang_bench module wrote, one file a client -
+    C(direct-NODE.jsonl) at the node's own engine, C(gateway-NODE.jsonl) through the gateway from that node), applies
+    the gates (every request completed, directly and through the gateway; total tok/s through it, the clients
+    summed, at least the sum of the nodes' baselines at c, each at its own pace, x tolerance; the p99 TTFT the gateway
+    adds - the slowest client's through it less the slowest node's directly, in this run - at most
+    C(ttft_overhead_ms)), and writes C(summary.json), C(report.md) and C(fleet.png) into the folder, then the fleet
+    history's C(index.jsonl), C(index.md) and C(trend.png).
   - Needs matplotlib (requirements.txt) where it runs.
 options:
   action: {description: validate or report., type: str, choices: [validate, report], default: report}
@@ -34,8 +35,8 @@ options:
   probe: {description: The sglang_probe result through the gateway (passed, problems, results)., type: dict}
   sweep:
     description: >-
-      The sglang_bench results through the gateway, in the plan's order; each with C(direct), its level's sglang_bench
-      results of the nodes driven directly (each with C(node): its name).
+      One item a level, in the plan's order: C(direct) and C(gateway), the level's sglang_bench results of each node's
+      client (each with C(node), where it ran) at its own engine and through the gateway.
     type: list
     elements: dict
     default: []
@@ -56,7 +57,7 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
-plan: {description: "The sweep: [{per_node, direct_prompts, concurrency, prompts}].", returned: always, type: list}
+plan: {description: "The sweep: [{per_node, concurrency, prompts, prompts_each}].", returned: always, type: list}
 passed: {description: The verdict., returned: action=report, type: bool}
 reasons: {description: Why it failed, one line each., returned: action=report, type: list}
 markdown: {description: The report (report.md) less its plots., returned: action=report, type: str}
@@ -68,25 +69,28 @@ summary: {description: summary.json's content., returned: action=report, type: d
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.glm5_fleet import problems, sweep_plan, write
 
-SWEEP_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds')
+RUN_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds')
+
+
+def run_item(run, planned):
+    """What the report keeps of one client's sglang_bench result (with node: where it ran); one that failed outright
+    still names its level and says why."""
+    out = {k: run.get(k) for k in RUN_KEYS}
+    out['node'] = run.get('node')
+    if out['concurrency'] is None:
+        out['concurrency'] = planned['per_node']
+    if out['prompts'] is None:
+        out['prompts'] = planned['prompts_each']
+    if out['error'] is None and run.get('failed'):
+        out['error'] = run.get('msg') or 'the sglang_bench module failed'
+    return out
 
 
 def sweep_item(item, planned):
-    """What the report keeps of one level's sglang_bench results (through the gateway, and each node's directly);
-    one that failed outright still names its level."""
-    out = {k: item.get(k) for k in SWEEP_KEYS}
-    for key in ('concurrency', 'prompts'):
-        if out[key] is None:
-            out[key] = planned[key]
-    if out['error'] is None and item.get('failed'):
-        out['error'] = item.get('msg') or 'the sglang_bench module failed'
-    out['direct'] = []
-    for d in item.get('direct') or []:
-        one = sweep_item(dict(d, direct=None), {'concurrency': planned['per_node'],
-                                                'prompts': planned['direct_prompts']})
-        del one['direct']
-        one['node'] = d.get('node')
-        out['direct'].append(one)
+    """One level: the plan's figures and each client's run, directly and through the gateway."""
+    out = dict(planned)
+    for how in ('direct', 'gateway'):
+        out[how] = [run_item(r, planned) for r in item.get(how) or []]
     return out
 
 
