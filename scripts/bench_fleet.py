@@ -191,7 +191,12 @@ def main():
                      ('gateway p99 TTFT overhead at {0} (need <= 50 ms)'.format(c),
                       '{0:+,.0f} ms'.format(r['overhead_ms']),
                       'connections refused by a full listen queue: {0} direct, {1} through the gateway'.format(
-                          *r['overflows']))]
+                          *r['overflows'])),
+                     ('the same after each client\'s first wave (its connections opened at once)',
+                      'n/a' if r['steady_overhead_ms'] is None else '{0:+,.0f} ms'.format(r['steady_overhead_ms']),
+                      'p99 TTFT {0} ms directly, {1} ms through the gateway'.format(
+                          *('n/a' if v is None else '{0:,.0f}'.format(v)
+                            for v in (r['direct_steady_p99_ttft_ms'], through['steady_p99_ttft_ms']))))]
         if 'rolling' not in skip:
             with Load(fleet['url'], fleet['key'], fleet['model'], args.load, fleet['ca']) as load:
                 there = rollout(dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE))

@@ -16,8 +16,10 @@ def test_the_percentile_is_numpys_as_bench_serving_computes_it():
             assert bench_gateway.percentile(values, q) == pytest.approx(float(numpy.percentile(values, q))), (values, q)
 
 
-def run(ttfts, tok_s=100.0, failed=0):
-    return {'tok_s': tok_s, 'p99_ttft_ms': bench_gateway.percentile(ttfts, 99), 'failed': failed, 'ttfts_ms': ttfts}
+def run(ttfts, tok_s=100.0, failed=0, wave=0):
+    """A client's run whose first `wave` requests were its first wave."""
+    return {'tok_s': tok_s, 'p99_ttft_ms': bench_gateway.percentile(ttfts, 99), 'failed': failed, 'ttfts_ms': ttfts,
+            'steady_ttfts_ms': ttfts[wave:]}
 
 
 def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p99_over_both(monkeypatch):
@@ -43,6 +45,22 @@ def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p9
     assert calls == [('gw', 8, 16, 1)]
     assert again['direct_p99_ttft_ms'] == r['direct_p99_ttft_ms']
     assert again['overhead_ms'] == pytest.approx(110.0 - 300.0)
+
+
+def test_the_overhead_after_the_first_wave_leaves_each_clients_first_requests_out(monkeypatch):
+    """Through the gateway each client's first wave opens its TLS connections at once: there the whole tail."""
+    direct = [700.0] * 4 + [500.0] * 96
+    through = [1100.0] * 4 + [430.0] * 96
+
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
+        return run(through if url == 'gw' else direct, wave=4)
+    monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
+    monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
+    r = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2)
+    assert r['overhead_ms'] == pytest.approx(1100.0 - 700.0)
+    assert r['direct_steady_p99_ttft_ms'] == pytest.approx(500.0)
+    assert r['through']['steady_p99_ttft_ms'] == pytest.approx(430.0)
+    assert r['steady_overhead_ms'] == pytest.approx(-70.0)
 
 
 @pytest.mark.parametrize('args, option', [(['--gateway-clients', 'x'], '--gateway-clients'),
