@@ -156,8 +156,7 @@ def evaluate(sweep, settings, records):
     limit = settings.get('ttft_overhead_ms')
     levels = []
     for per_node, item in zip(settings['levels'], sweep, strict=False):
-        each = item.get('prompts_each') or prompts_for(per_node, settings['prompts_per_concurrency'],
-                                                       settings['min_prompts'])
+        each = item['prompts_each']
         direct, direct_parts, direct_missing = clients(item.get('direct'), records.get('direct') or {}, names,
                                                        per_node, each)
         through, parts, missing = clients(item.get('gateway'), records.get('gateway') or {}, names, per_node, each)
@@ -170,6 +169,8 @@ def evaluate(sweep, settings, records):
                'missing': [{'node': name, 'why': why} for name, why in direct_missing]
                + [{'node': p['node'], 'why': '{0} of {1} requests completed'.format(fmt(p['completed']), p['prompts'])}
                   for p in direct_parts if p['failed']]}
+        overhead = None if through is None or ref['p99_ttft_ms'] is None or ttft['through'] is None \
+            else ttft['through'] - ref['p99_ttft_ms']
         gates = []
         if ref['missing']:
             gates.append({'gate': 'direct', 'passed': False, 'value': len(ref['missing']), 'threshold': 0,
@@ -193,8 +194,7 @@ def evaluate(sweep, settings, records):
                               'text': 'total tok/s {0} {1} {2:,.1f} (the {3} nodes\' baselines at {4} each, '
                                       '{5:,.1f} in all, x {6:g})'.format(fmt(value), '>=' if ok else '<', need,
                                                                           len(nodes), per_node, expected, tol)})
-            if limit is not None and ref['p99_ttft_ms'] is not None and ttft['through'] is not None:
-                overhead = ttft['through'] - ref['p99_ttft_ms']
+            if limit is not None and overhead is not None:
                 ok = overhead <= limit
                 key = 'steady_p99_ttft_ms' if ttft['steady'] else 'p99_ttft_ms'
                 slow = max(direct_parts, key=lambda r: r[key])
@@ -212,8 +212,7 @@ def evaluate(sweep, settings, records):
                 gates.append({'gate': 'engine', 'passed': False, 'value': None, 'threshold': None, 'text': text})
         levels.append({'concurrency': per_node * len(names), 'per_node': per_node, 'metrics': metrics,
                        'clients': parts, 'expected_total_tok_s': expected, 'reference': ref, 'ttft': ttft,
-                       'ttft_overhead_ms': None if through is None or ref['p99_ttft_ms'] is None
-                       or ttft['through'] is None else round(ttft['through'] - ref['p99_ttft_ms'], 1),
+                       'ttft_overhead_ms': None if overhead is None else round(overhead, 1),
                        'gates': gates, 'passed': all(g['passed'] for g in gates)})
     return levels
 
