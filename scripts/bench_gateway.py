@@ -43,6 +43,11 @@ import time
 import urllib.error
 import urllib.request
 
+from glm5.project import use_module_utils
+
+use_module_utils()
+from ansible.module_utils.glm5_fleet import percentile  # noqa: E402  (bench_serving's p99, as the fleet test takes it)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMULATOR = os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')
 STAND_IN_MODEL = os.path.join(ROOT, 'scripts', 'lab', 'stand_in_model.py')
@@ -133,17 +138,6 @@ def overflows_since(before):
     return None if before is None or after is None else after - before
 
 
-def percentile(values, q):
-    """numpy.percentile's default (linear between the closest ranks), as bench_serving computes its p99."""
-    xs = sorted(values)
-    if not xs:
-        return float('nan')
-    k = (len(xs) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
     """One sglang.bench_serving run (the benchmarks' one: scripts/bench_fleet.py calls it too): total tok/s, p99 TTFT,
     failed requests, and each answered request's TTFT in ms (to merge the runs of clients side by side), all of them
@@ -183,9 +177,9 @@ def side_by_side(python, urls, key, model, tokenizer, share, per):
         t.join()
     if any(r is None for r in runs):
         sys.exit('a bench_serving client failed at concurrency {0} against {1}'.format(share, ', '.join(urls)))
-    merged = percentile([t for r in runs for t in r['ttfts_ms']], 99)
+    every = [t for r in runs for t in r['ttfts_ms']]
     steady = [t for r in runs for t in r.get('steady_ttfts_ms') or []]
-    return runs, merged, (percentile(steady, 99) if steady else None)
+    return runs, (percentile(every, 99) if every else float('nan')), (percentile(steady, 99) if steady else None)
 
 
 def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None):
