@@ -179,7 +179,7 @@ def main():
             # both nodes at C/2 at once, each by its own client, then the gateway at C by as many clients (C/2 each):
             # the same engines' and clients' load on this machine's CPUs both times, so the difference is the gateway's
             r = overhead(args.python, fleet['node_urls'], fleet['url'], fleet['key'], fleet['model'], fleet['tokenizer'],
-                         c, args.prompts_per_concurrency, clients=len(fleet['node_urls']))
+                         c, args.prompts_per_concurrency, clients=len(fleet['node_urls']), ca=fleet['ca'])
             through = r['through']
             rows += [('both nodes direct at once, concurrency {0} each'.format(c // 2),
                       '{0:,.0f} tok/s'.format(sum(d['tok_s'] for d in r['direct'])),

@@ -155,7 +155,8 @@ def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=N
             env.update(SSL_CERT_FILE=ca, REQUESTS_CA_BUNDLE=ca)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0 or not os.path.exists(out):
-            sys.exit('bench_serving failed against {0}:\n{1}'.format(url, r.stderr[-3000:]))
+            sys.exit('bench_serving failed against {0} (rc {1}):\n{2}'.format(
+                url, r.returncode, (r.stderr.strip() or r.stdout)[-3000:]))
         with open(out) as fh:
             line = json.loads(fh.read().splitlines()[-1])
     answered = [(i, t * 1000.0) for i, (t, e) in enumerate(zip(line['ttfts'], line['errors'], strict=True)) if not e]
@@ -163,26 +164,31 @@ def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=N
             'ttfts_ms': [t for _, t in answered], 'steady_ttfts_ms': [t for i, t in answered if i >= concurrency]}
 
 
-def side_by_side(python, urls, key, model, tokenizer, share, per):
+def side_by_side(python, urls, key, model, tokenizer, share, per, ca=None):
     """One bench_serving client per URL (a URL may come twice), all at once, each at concurrency `share`; their runs,
     and the p99 TTFT of all their requests together, and of those after each client's first wave (None: none)."""
     runs = [None] * len(urls)
+    errors = []
 
     def one(i, url):
-        runs[i] = bench(python, url, key, model, tokenizer, share, share * per, seed=1 + i)
+        try:
+            runs[i] = bench(python, url, key, model, tokenizer, share, share * per, seed=1 + i, ca=ca)
+        except SystemExit as exc:      # a thread drops its SystemExit silently: keep bench's message for the report
+            errors.append(str(exc))
     threads = [threading.Thread(target=one, args=(i, u)) for i, u in enumerate(urls)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if any(r is None for r in runs):
-        sys.exit('a bench_serving client failed at concurrency {0} against {1}'.format(share, ', '.join(urls)))
+        sys.exit('a bench_serving client failed at concurrency {0} against {1}:\n{2}'.format(
+            share, ', '.join(urls), '\n'.join(errors)))
     every = [t for r in runs for t in r['ttfts_ms']]
     steady = [t for r in runs for t in r.get('steady_ttfts_ms') or []]
     return runs, (percentile(every, 99) if every else float('nan')), (percentile(steady, 99) if steady else None)
 
 
-def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None):
+def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None, ca=None):
     """The nodes directly at C/n each, all at once (one client each: the load the gateway gives each node), then the
     gateway at C from `clients` clients side by side (C/clients each); the overhead is the gateway's p99 TTFT less the
     nodes' direct p99 TTFT, each over all of its requests together. One client through the gateway is one Python
@@ -200,7 +206,7 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
             direct_run['overflows'][0])
     before = listen_overflows()
     runs, through_p99, through_steady = side_by_side(python, [gateway] * clients, key, model, tokenizer, c // clients,
-                                                     per)
+                                                     per, ca=ca)
     through_overflows = overflows_since(before)
     through = {'tok_s': sum(r['tok_s'] for r in runs), 'p99_ttft_ms': through_p99, 'steady_p99_ttft_ms': through_steady,
                'failed': sum(r['failed'] for r in runs)}

@@ -28,7 +28,7 @@ def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p9
     client1, client2 = [110.0] * 100, [330.0] * 100
     calls = []
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
         calls.append((url, concurrency, prompts, seed))
         return {'n1': run(node1), 'n2': run(node2)}[url] if url != 'gw' else run(client1 if seed == 1 else client2)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
@@ -52,7 +52,7 @@ def test_the_overhead_after_the_first_wave_leaves_each_clients_first_requests_ou
     direct = [700.0] * 4 + [500.0] * 96
     through = [1100.0] * 4 + [430.0] * 96
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
         return run(through if url == 'gw' else direct, wave=4)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
     monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
@@ -61,6 +61,31 @@ def test_the_overhead_after_the_first_wave_leaves_each_clients_first_requests_ou
     assert r['direct_steady_p99_ttft_ms'] == pytest.approx(500.0)
     assert r['through']['steady_p99_ttft_ms'] == pytest.approx(430.0)
     assert r['steady_overhead_ms'] == pytest.approx(-70.0)
+
+
+def test_an_https_gateways_clients_get_its_ca_and_a_failed_clients_reason_is_kept(monkeypatch):
+    """bench_fleet.py's overhead through make deploy's HTTPS gateway: each client through the gateway trusts its CA
+    (without it every request failed its TLS check), and a client that fails says why (a thread's SystemExit was
+    dropped: the run ended with 'a client failed' and nothing else)."""
+    seen = []
+
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+        seen.append((url, ca))
+        return run([100.0] * 8)
+    monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
+    monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
+    bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2, ca='/ca.crt')
+    assert [ca for url, ca in seen if url == 'gw'] == ['/ca.crt', '/ca.crt']
+
+    def failing_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+        if url == 'n2':
+            sys.exit('bench_serving failed against n2 (rc 1):\ncertificate verify failed')
+        return run([100.0] * 8)
+    monkeypatch.setattr(bench_gateway, 'bench', failing_bench)
+    with pytest.raises(SystemExit) as failed:
+        bench_gateway.side_by_side('py', ['n1', 'n2'], 'k', 'm', 't', 4, 2)
+    assert 'failed at concurrency 4 against n1, n2' in str(failed.value)
+    assert 'certificate verify failed' in str(failed.value)
 
 
 @pytest.mark.parametrize('args, option', [(['--gateway-clients', 'x'], '--gateway-clients'),
