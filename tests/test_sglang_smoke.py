@@ -4,6 +4,7 @@ the lab's engine emulator produced (tests/fixtures/smoke/README.md says which). 
 import copy
 import json
 import os
+import re
 import struct
 
 import pytest
@@ -415,6 +416,27 @@ def test_the_throughput_plot_marks_the_baseline_and_gate_only_at_the_levels_that
     for ax, levels in ((total, [64]), (output, [1])):
         marks = {line.get_label().split(' (')[0]: line for line in ax.get_lines()}
         assert list(marks['baseline'].get_xdata()) == levels and list(marks['gate'].get_xdata()) == levels
+
+
+def test_the_trend_is_linear_with_plain_ticks_unless_its_throughputs_span_a_decade(monkeypatch, tmp_path):
+    """The fleet's history has one level (1,400-1,414 tok/s): on the log axis it was a flat band with its ticks
+    labelled 1.405x10^3. Linear then; log where the single stream's tens of tok/s sit beside the thousands."""
+    figures = []
+    monkeypatch.setattr(plots, '_save', lambda plt, fig, path: figures.append(fig))
+
+    def entry(run, **tok_s):
+        return {'run': run, 'passed': True, 'levels': {k[1:]: {'total_tok_s': v} for k, v in tok_s.items()}}
+    narrow = [entry('20261203T0{0}0000Z'.format(i), c128=v) for i, v in enumerate([1400.0, 1405.9, 1414.0])]
+    plots.plot_trend(narrow, str(tmp_path / 'trend.png'))
+    (ax,) = figures[-1].axes
+    assert ax.get_yscale() == 'linear' and ax.get_ylim()[0] == 0
+    figures[-1].canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r'[0-9,]+', t) for t in labels), labels
+    wide = [entry('20261203T0{0}0000Z'.format(i), c1=8.2, c1024=3740.0) for i in range(2)]
+    plots.plot_trend(wide, str(tmp_path / 'trend.png'))
+    assert figures[-1].axes[0].get_yscale() == 'log'
+    assert plots.trend_scale([]) == 'linear' and plots.trend_scale([0.0, 5.0]) == 'linear'
 
 
 @pytest.mark.parametrize('previous', [False, True])

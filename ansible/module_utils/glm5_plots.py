@@ -145,6 +145,14 @@ def plot_gpus(samples, path, source=None):
     _save(plt, fig, path)
 
 
+def trend_scale(values):
+    """The trend's y scale: log where the levels' throughputs span a decade or more (the single stream's tens of tok/s
+    beside the top level's thousands), linear otherwise (one level, or levels close together: a log axis then shows a
+    flat band and labels its few ticks in powers of ten)."""
+    positive = [v for v in values if v and v > 0]
+    return 'log' if positive and max(positive) >= 10 * min(positive) else 'linear'
+
+
 def plot_trend(entries, path):
     """Total tok/s at each concurrency level across runs (one line per level, so runs with other levels still
     compare), passes and failures marked; the headline (the top level) drawn thickest."""
@@ -153,6 +161,7 @@ def plot_trend(entries, path):
     levels = sorted({int(c) for e in entries for c in (e.get('levels') or {})})
     top = max(levels) if levels else None
     drawn = False
+    every = []
     for n, level in enumerate(levels):
         pts = [(i, e) for i, e in enumerate(entries)
                if ((e.get('levels') or {}).get(str(level)) or {}).get('total_tok_s') is not None]
@@ -160,12 +169,19 @@ def plot_trend(entries, path):
             continue
         color = 'C{0}'.format(n % 10)
         ys = [e['levels'][str(level)]['total_tok_s'] for _, e in pts]
+        every += ys
         ax.plot([i for i, _ in pts], ys, '-', color=color, alpha=.6, lw=2.5 if level == top else 1,
                 label='concurrency {0}'.format(level))
         drawn = True
         for (i, e), y in zip(pts, ys, strict=True):
             ax.plot(i, y, 'o' if e.get('passed') else 'x', color=color if e.get('passed') else 'tab:red', ms=7, mew=2)
-    ax.set_yscale('log')
+    ax.set_yscale(trend_scale(every))
+    if trend_scale(every) == 'linear' and every:
+        ax.set_ylim(0, max(every) * 1.1)    # from zero: a 2 % difference between runs must not look like a cliff
+    # plain numbers (1,405 rather than 1.405x10^3), the minor ticks unlabelled
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: '{0:,.0f}'.format(v) if v >= 10 else '{0:g}'.format(v)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks(range(len(entries)))
     ax.set_xticklabels(['{0}{1}'.format(e['run'][:15], ' (rb)' if e.get('rolled_back') else '') for e in entries],
                        rotation=45, ha='right', fontsize=7)
