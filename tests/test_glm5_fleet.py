@@ -84,6 +84,18 @@ def test_unhealthy_open_circuit_stray_worker_and_a_drained_node_still_in():
                              'undrain glm5-lab adds it now']
 
 
+def test_a_node_the_gateway_could_not_ask_what_it_serves_is_a_problem():
+    """Seen in the lab (a key change stopped half way): smg adds a worker that refuses its key under the model
+    'unknown', healthy (its /health takes no key), and refuses every request for the model: glm5 must not call it in."""
+    workers, circuits = recorded()
+    v = fleet.fleet_view('glm5-gw', LAB_NODES[:1], [dict(workers[0], model_id='unknown')], [], circuits)
+    assert v['problems'] == [
+        'glm5-lab is in glm5-gw under the model unknown: the gateway could not ask it what it serves (the node refuses '
+        'the key it was added with); every request for it is refused (glm5 drain then undrain glm5-lab adds it again '
+        'with the node\'s key)']
+    assert fleet.fleet_view('glm5-gw', LAB_NODES[:1], workers, [], circuits)['problems'] == []
+
+
 def test_the_lab_gateway_its_contract_and_worker_urls_from_the_roles_filter():
     """Read from the inventory only (nothing is contacted): the worker URLs as sglang_fleet_workers computes them,
     with no key rendered on the way."""

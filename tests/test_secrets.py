@@ -4,16 +4,20 @@ gateway's admin key nor the PVE password is in any file the package wrote - each
 caches, the gateway's fleet reports, each container's configuration, logs, homes and temporary files - except in a
 file that only its owner (and group) can read (0600, 0640 or stricter: the key file, the unit's environment file and
 its .previous/.failed copies, the journal) - nor in what `glm5 --json` prints. Runs last in the lane (file order,
-after the rollout), so every run of the lane is in the histories."""
+after the rollout), so every run of the lane is in the histories; then, last of all, a change of the fleet's key."""
 import json
 import os
 import shlex
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+import uuid
 
 import pytest
 from glm5_lab.paths import STATE, paths
-from siterun import node_ssh, scenario_hosts, scenario_inventory
+from siterun import ROOT, node_ssh, scenario_hosts, scenario_inventory
 from test_glm5_ops import GLM5
 
 HOSTS = scenario_hosts('default')
@@ -119,3 +123,51 @@ def test_no_secret_in_what_glm5_prints(secrets, stack_node, stack_node2):
             p = subprocess.run([GLM5, '-i', inventory] + args, capture_output=True, text=True, timeout=300)
             assert p.returncode == 0, (args, p.stderr)
             assert not [s for s in secrets if s in p.stdout + p.stderr], args
+
+
+@pytest.mark.stack
+def test_a_key_change_rolls_the_gateway_and_each_node_onto_the_new_key(tmp_path_factory, stack_node):
+    """The rotation docs/security.md gives an operator: the one variable (glm5_fleet_api_key) changed, then site.yml -
+    the gateway restarts on the new key, then each node leaves it, waits for its requests, restarts on the new key, is
+    smoke-tested and rejoins. Found in the lab (2026-12-04): each node's leave asked its engine for its load with the
+    new key, which the engine in place refuses (401), and the rollout stopped at the first node with both nodes in the
+    gateway under the model 'unknown' (the gateway could not ask them what they serve): nothing served. The engine in
+    place is asked with the key it started with, kept in the environment file's .previous copy; a node is in the
+    gateway only when the gateway knows its model. The very last check of the lane: the fleet ends on the new key."""
+    from bench_fleet import FLAG_CHANGE
+    from glm5.inventory import GATEWAY_CONTRACT
+    from siterun import scenario_inventory_files, site
+    path = tmp_path_factory.mktemp('key-change-inventory')
+    for f in scenario_inventory_files('default'):
+        os.symlink(f, str(path / os.path.basename(f)))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    (gateway, hv), = GATEWAYS.items()
+    gw = scenario_inventory().contract(gateway, which=GATEWAY_CONTRACT)
+    old, new = hv['sglang_gateway_api_key'], uuid.uuid4().hex + uuid.uuid4().hex
+    context = ssl.create_default_context(cafile=gw['ca_cert']) if gw['ca_cert'] else None
+
+    def ask(path, key, body=None):
+        req = urllib.request.Request(gw['url'] + path, headers={'Authorization': 'Bearer ' + key,
+                                                                 'Content-Type': 'application/json'},
+                                     data=json.dumps(body).encode() if body else None)
+        try:
+            with urllib.request.urlopen(req, timeout=60, context=context) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as err:
+            return err.code, None
+
+    chat = {'model': next(iter(NODES.values()))['sglang_service_served_model_name'], 'max_tokens': 4,
+            'messages': [{'role': 'user', 'content': 'What is 17 + 25?'}]}
+    assert ask('/v1/chat/completions', old, chat)[0] == 200          # the fleet serves the inventory's key before
+    # the rollouts' short smoke test; the flags the flag-change rollout left (only the key changes here)
+    run = site({'glm5_fleet_api_key': new, 'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2,
+                'sglang_smoke_prompts_per_concurrency': 2, 'sglang_service_flag_overrides': FLAG_CHANGE},
+               '--tags', 'sglang,gateway', inventory=str(path), sglang=True)
+    assert run.rc == 0, run
+    status, workers = ask('/workers', hv['sglang_gateway_admin_key'])
+    assert status == 200
+    nodes = {scenario_inventory().contract(n)['url'] for n in NODES}
+    assert {w['url'] for w in workers['workers'] if w.get('is_healthy') and w.get('model_id') != 'unknown'} == nodes, \
+        workers
+    assert ask('/v1/chat/completions', new, chat)[0] == 200
+    assert ask('/v1/chat/completions', old, chat)[0] == 401

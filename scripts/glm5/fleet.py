@@ -147,6 +147,12 @@ def fleet_view(name, nodes, workers, drained, circuits):
         elif not r['healthy']:
             problems.append('{0} is unhealthy in {1} (status {2}{3})'.format(
                 r['node'], name, r['status'], ', circuit ' + r['circuit'] if r['circuit'] else ''))
+        elif w.get('model_id') == 'unknown':
+            # smg could not ask the node what it serves (the node refused the key it was given): healthy (/health
+            # takes no key), and every request for its model refused
+            problems.append('{0} is in {1} under the model unknown: the gateway could not ask it what it serves (the '
+                            'node refuses the key it was added with); every request for it is refused (glm5 drain then '
+                            'undrain {0} adds it again with the node\'s key)'.format(r['node'], name))
         elif r['circuit'] in ('open', 'half-open'):
             notes.append('{0}: its circuit in {1} is {2} (failed requests; the gateway tries it again)'.format(
                 r['node'], name, r['circuit']))
