@@ -110,6 +110,20 @@ def scenario_inventory_files(scenario):
     return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.yml')]
 
 
+def scenario_fleet_inventory(path, scenario='default'):
+    """A scenario's whole fleet as one inventory folder at path (a pathlib.Path, made empty by the caller): links to its
+    inventory files and the lab's group_vars. Returns it as a string, for -i."""
+    for f in scenario_inventory_files(scenario):
+        os.symlink(f, str(path / os.path.basename(f)))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    return str(path)
+
+
+# The rollouts' smoke test on make test's fleet: the single stream on each node, two prompts (the lane's other checks
+# sweep more; these are about order, keys and failed requests, and the load beside them shares the machine's CPUs)
+ROLLOUT_SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sglang_smoke_prompts_per_concurrency': 2}
+
+
 def _names(path, group):
     import yaml
     with open(path) as fh:

@@ -17,7 +17,17 @@ import pytest
 from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
 from glm5_lab.paths import paths
-from siterun import ROOT, NodeVars, _names, node_ssh, scenario_hosts, scenario_inventory, scenario_inventory_files, site
+from siterun import (
+    ROLLOUT_SMOKE,
+    ROOT,
+    NodeVars,
+    _names,
+    node_ssh,
+    scenario_fleet_inventory,
+    scenario_hosts,
+    scenario_inventory,
+    site,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -26,9 +36,6 @@ NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
 (MONITOR,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
 MONITOR_ADDRESS = NodeVars(scenario_inventory().host_vars(MONITOR))['ansible_host']
-# The rollouts' smoke test: the single stream on each node, two prompts (this lane's other checks sweep more; these are
-# about order and no failed request, and the load beside them shares this machine's two CPUs)
-SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sglang_smoke_prompts_per_concurrency': 2}
 
 
 def hv(host):
@@ -75,14 +82,11 @@ class Workers(threading.Thread):
 def fleet(stack_node, tmp_path_factory):
     """The whole fleet's inventory (all of molecule/default's inventory files and the lab's group_vars) and what the
     checks read: the gateway's URL and keys, each node's worker URL, unit and environment file."""
-    path = tmp_path_factory.mktemp('fleet-inventory')
-    for f in scenario_inventory_files('default'):
-        os.symlink(f, str(path / os.path.basename(f)))
-    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    path = scenario_fleet_inventory(tmp_path_factory.mktemp('fleet-inventory'))
     inv = scenario_inventory()
     gw = inv.contract(GATEWAY, which=GATEWAY_CONTRACT)
     nodes = {n: inv.contract(n) for n in NODES}
-    f = {'inventory': str(path), 'url': gw['url'], 'ca': gw['ca_cert'] or None, 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],
+    f = {'inventory': path, 'url': gw['url'], 'ca': gw['ca_cert'] or None, 'admin': hv(GATEWAY)['sglang_gateway_admin_key'],
          'key': hv(GATEWAY)['sglang_gateway_api_key'], 'model': hv(NODES[0])['sglang_service_served_model_name'],
          'nodes': nodes, 'worker': {n: c['url'] for n, c in nodes.items()}}  # the lab's workers: the nodes' URLs
     workers = Workers(f['url'], f['admin'], f['ca'])
@@ -146,7 +150,7 @@ def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(
 def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):
     first, second = NODES
     before = {n: unit_state(fleet, n) for n in NODES}
-    bad = dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE,
+    bad = dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE,
                sglang_service_env={'GLM5_EMULATOR_SPEED': str(hv(first)['lab_emulator_speed']),
                                    'GLM5_EMULATOR_FAULTS': 'nan'})
     run, load, w, took = rollout(fleet, bad)
@@ -184,7 +188,7 @@ def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_reques
     gateway's admin key, the PVE password): every task that handles one is no_log."""
     first, second = NODES
     before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
-    run, load, w, took = rollout(fleet, dict(SMOKE, sglang_service_flag_overrides=FLAG_CHANGE), '-vvv')
+    run, load, w, took = rollout(fleet, dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE), '-vvv')
     assert run.rc == 0, run
     with open(paths()['password']) as fh:
         secrets = {'the API key': fleet['key'], 'the admin key': fleet['admin'], 'the PVE password': fh.read().strip()}

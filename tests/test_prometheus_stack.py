@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from siterun import ROOT, NodeVars, _names, node_ssh, scenario_hosts, scenario_inventory
+from siterun import ROOT, NodeVars, _names, node_ssh, scenario_fleet_inventory, scenario_hosts, scenario_inventory
 
 pytestmark = pytest.mark.stack
 
@@ -30,12 +30,7 @@ GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
 @pytest.fixture(scope='module')
 def fleet_inventory(tmp_path_factory):
     """The whole lane fleet as one inventory (both hosts files, the lab's group_vars), for glm5 status."""
-    path = tmp_path_factory.mktemp('fleet-inventory')
-    folder = os.path.join(ROOT, 'molecule', 'default', 'inventory')
-    for name in os.listdir(folder):
-        os.symlink(os.path.join(folder, name), str(path / name))
-    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
-    return str(path)
+    return scenario_fleet_inventory(tmp_path_factory.mktemp('fleet-inventory'))
 
 
 def api(path):

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 from glm5_lab.paths import STATE, paths
-from siterun import ROOT, node_ssh, scenario_hosts, scenario_inventory
+from siterun import ROLLOUT_SMOKE, node_ssh, scenario_fleet_inventory, scenario_hosts, scenario_inventory, site
 from test_glm5_ops import GLM5
 
 HOSTS = scenario_hosts('default')
@@ -136,11 +136,7 @@ def test_a_key_change_rolls_the_gateway_and_each_node_onto_the_new_key(tmp_path_
     gateway only when the gateway knows its model. The very last check of the lane: the fleet ends on the new key."""
     from bench_fleet import FLAG_CHANGE
     from glm5.inventory import GATEWAY_CONTRACT
-    from siterun import scenario_inventory_files, site
-    path = tmp_path_factory.mktemp('key-change-inventory')
-    for f in scenario_inventory_files('default'):
-        os.symlink(f, str(path / os.path.basename(f)))
-    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(path / 'group_vars'))
+    path = scenario_fleet_inventory(tmp_path_factory.mktemp('key-change-inventory'))
     (gateway, hv), = GATEWAYS.items()
     gw = scenario_inventory().contract(gateway, which=GATEWAY_CONTRACT)
     old, new = hv['sglang_gateway_api_key'], uuid.uuid4().hex + uuid.uuid4().hex
@@ -160,9 +156,8 @@ def test_a_key_change_rolls_the_gateway_and_each_node_onto_the_new_key(tmp_path_
             'messages': [{'role': 'user', 'content': 'What is 17 + 25?'}]}
     assert ask('/v1/chat/completions', old, chat)[0] == 200          # the fleet serves the inventory's key before
     # the rollouts' short smoke test; the flags the flag-change rollout left (only the key changes here)
-    run = site({'glm5_fleet_api_key': new, 'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2,
-                'sglang_smoke_prompts_per_concurrency': 2, 'sglang_service_flag_overrides': FLAG_CHANGE},
-               '--tags', 'sglang,gateway', inventory=str(path), sglang=True)
+    run = site(dict(ROLLOUT_SMOKE, glm5_fleet_api_key=new, sglang_service_flag_overrides=FLAG_CHANGE),
+               '--tags', 'sglang,gateway', inventory=path, sglang=True)
     assert run.rc == 0, run
     status, workers = ask('/workers', hv['sglang_gateway_admin_key'])
     assert status == 200
