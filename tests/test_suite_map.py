@@ -81,6 +81,28 @@ def test_the_lanes_share_no_container_id_port_or_bench_history():
             "a lane rewrites make deploy's known_hosts file"
 
 
+HOST_DIRS = ('pve_container_model_cache_dir', 'pve_container_sglang_cache_dir', 'pve_container_bench_history_dir')
+
+
+def test_no_lane_node_mounts_a_host_directory_of_make_deploys_nodes():
+    # The caches hold a node's state besides the cache: its API key file (sglang_service_api_key_file), the model's
+    # completion marker (molecule/sglang's verify moves it). A lane node on make deploy's caches wrote its key over
+    # make deploy's (the key change of tests/test_secrets.py): make deploy's next run was no longer changed=0.
+    defaults = lab_defaults()
+    # the lanes' wheel caches start as hard links to make deploy's first node's (ansible/playbooks/lab_up.yml)
+    assert defaults['lab_wheel_cache_dir'] == defaults['pve_container_sglang_cache_dir'] + '/uv'
+    lab = load('inventories/lab/hosts.yml')['all']['children']['inference_nodes']['hosts']
+    deploy = {(hv or {}).get(var, defaults[var]) for hv in lab.values() for var in HOST_DIRS}
+    for lane, _scenario, node, group, hv in lane_nodes():
+        for var in HOST_DIRS:
+            path = hv.get(var, defaults[var]) if group == 'inference_nodes' else hv.get(var)
+            if not path:
+                continue
+            inside = [d for d in deploy if path == d or path.startswith(d.rstrip('/') + '/')
+                      or d.startswith(path.rstrip('/') + '/')]
+            assert not inside, "{0} ({1} lane) mounts {2} {3}: make deploy's {4}".format(node, lane, var, path, inside)
+
+
 def test_the_full_stack_node_runs_at_the_test_speed_and_make_deploy_at_the_seeds():
     defaults = lab_defaults()
     assert defaults['lab_emulator_speed'] == 1
