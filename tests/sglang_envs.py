@@ -23,9 +23,9 @@ def load(name):
 
 
 def lab_wheel_cache():
-    """The lab's host-side SGLang cache (the inventory's value, not a second copy of it) + /uv."""
-    with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'inference_nodes.yml')) as fh:
-        return os.path.join(yaml.safe_load(fh)['pve_container_sglang_cache_dir'], 'uv')
+    """The lab's wheel cache (the inventory's lab_wheel_cache_dir, not a second copy of it)."""
+    with open(os.path.join(ROOT, 'inventories', 'lab', 'group_vars', 'all.yml')) as fh:
+        return yaml.safe_load(fh)['lab_wheel_cache_dir']
 
 
 def sha256(path):
