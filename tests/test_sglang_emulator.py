@@ -45,9 +45,9 @@ def free_port():
 
 
 class Engine(object):
-    def __init__(self, python, model, faults='', extra=(), speed=None, launcher_key=None):
+    def __init__(self, python, model, faults='', extra=(), speed=None, launcher_key=None, secondary_key=None):
         """launcher_key: started as the unit starts it, through sglang_service's launcher with this key in
-        SGLANG_API_KEY (and no --api-key on its command line)."""
+        SGLANG_API_KEY (and no --api-key on its command line); secondary_key: and this one in SGLANG_API_KEY_SECONDARY."""
         self.port = free_port()
         self.url = 'http://127.0.0.1:{0}'.format(self.port)
         argv = [python, EMULATOR, '--model-path', model, '--served-model-name', 'glm-5', '--host', '127.0.0.1',
@@ -62,6 +62,9 @@ class Engine(object):
         env = dict(os.environ, GLM5_EMULATOR_FAULTS=faults, GLM5_EMULATOR_FAULTS_FILE=self.fault_file)
         if launcher_key is not None:
             env['SGLANG_API_KEY'] = launcher_key
+        env.pop('SGLANG_API_KEY_SECONDARY', None)
+        if secondary_key is not None:
+            env['SGLANG_API_KEY_SECONDARY'] = secondary_key
         env.pop('GLM5_EMULATOR_SPEED', None)
         if speed is not None:
             env['GLM5_EMULATOR_SPEED'] = str(speed)
@@ -183,6 +186,23 @@ def test_the_key_from_the_environment_through_the_launcher_whole_and_on_no_comma
             cmdline = fh.read().split(b'\0')
         assert cmdline[1:3] == [LAUNCHER.encode(), EMULATOR.encode()] and b'--model-path' in cmdline, cmdline
         assert not [a for a in cmdline if key.encode() in a or a.startswith(b'--api-key')], cmdline
+    finally:
+        e.stop()
+
+
+def test_a_secondary_key_is_let_in_beside_the_key_by_sglangs_own_decision(python, model):
+    # as the unit starts it during a key change: the launcher with both keys; the emulator asks sglang's
+    # decide_request_auth, which the launcher wrapped
+    e = Engine(python, model, launcher_key='new-' + KEY, secondary_key=KEY)
+    try:
+        e.wait()
+        body = {'model': 'glm-5', 'max_tokens': 4, 'messages': [{'role': 'user', 'content': 'hi'}]}
+        assert e.post('/v1/chat/completions', body, key='new-' + KEY).status_code == 200
+        assert e.post('/v1/chat/completions', body, key=KEY).status_code == 200
+        assert e.post('/v1/chat/completions', body, key='other-' + KEY).status_code == 401
+        assert e.post('/v1/chat/completions', body, key=None).status_code == 401
+        loads = requests.get(e.url + '/v1/loads', headers={'Authorization': 'Bearer ' + KEY}, timeout=30)
+        assert loads.status_code == 200, loads.text
     finally:
         e.stop()
 

@@ -25,16 +25,16 @@ def workers(names, **nodes):
     return sglang_fleet_workers(names, hostvars(**nodes), DEFAULTS)
 
 
-def problems(names, batch=1, api_key=KEY, admin_key='admin', single=False, **nodes):
-    return sglang_fleet_problems(workers(names, **nodes), 'gw', api_key, admin_key, batch, single)
+def problems(names, batch=1, api_key=KEY, admin_key='admin', single=False, secondary='', **nodes):
+    return sglang_fleet_problems(workers(names, **nodes), 'gw', api_key, admin_key, batch, single, secondary)
 
 
 def test_each_node_is_a_worker_at_its_own_url():
     got = workers(['a', 'b'], a={'sglang_service_port': 30120},
                   b={'sglang_gateway_worker_url': 'http://10.0.0.2:30000/', 'sglang_service_host': '0.0.0.0'})
     assert got == [
-        {'node': 'a', 'url': 'http://127.0.0.1:30120', 'key': KEY, 'listen': '127.0.0.1', 'known': True},
-        {'node': 'b', 'url': 'http://10.0.0.2:30000', 'key': KEY, 'listen': '0.0.0.0', 'known': True}]
+        {'node': 'a', 'url': 'http://127.0.0.1:30120', 'key': KEY, 'secondary': '', 'listen': '127.0.0.1', 'known': True},
+        {'node': 'b', 'url': 'http://10.0.0.2:30000', 'key': KEY, 'secondary': '', 'listen': '0.0.0.0', 'known': True}]
     assert problems(['a', 'b'], a={'sglang_service_port': 30120}, b={'sglang_service_port': 30121}) == []
 
 
@@ -51,7 +51,12 @@ def test_each_node_is_a_worker_at_its_own_url():
     (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2, 'sglang_service_api_key': ''}}, {},
      "b has no sglang_service_api_key: behind the gateway every node serves the gateway's key"),
     (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2, 'sglang_service_api_key': 'own'}}, {},
-     "b's sglang_service_api_key is not gw's sglang_gateway_api_key"),
+     'sglang_gateway_api_key of gw is neither sglang_service_api_key nor sglang_service_api_key_secondary of b'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'secondary': 'new-' + KEY},
+     'sglang_gateway_api_key_secondary of gw is neither sglang_service_api_key nor sglang_service_api_key_secondary '
+     'of a'),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'secondary': KEY},
+     'sglang_gateway_api_key_secondary of gw is its sglang_gateway_api_key'),
     (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'api_key': ''},
      'sglang_gateway_api_key is empty on gw'),
     (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'admin_key': ''},
@@ -68,6 +73,25 @@ def test_bad_fleet_settings_are_one_line_each(names, nodes, kwargs, words):
     found = problems(names, **dict(kwargs), **nodes)
     assert any(p.startswith(words) for p in found), found
     assert all(KEY not in p for p in found), found   # names, never a key's value
+
+
+def test_a_key_change_is_a_key_every_node_takes_beside_the_other():
+    new = 'new-' + KEY
+    # first the nodes and the gateway take the new key beside the key; then the new is the key, the old one beside it
+    both = {'sglang_service_api_key_secondary': new}
+    assert problems(['a', 'b'], secondary=new, a=dict(both, sglang_service_port=1), b=dict(both, sglang_service_port=2)) == []
+    swapped = {'sglang_service_api_key': new, 'sglang_service_api_key_secondary': KEY}
+    assert problems(['a', 'b'], api_key=new, secondary=KEY, a=dict(swapped, sglang_service_port=1),
+                    b=dict(swapped, sglang_service_port=2)) == []
+    # a node that takes the new key only as its secondary serves a gateway on it
+    assert problems(['a', 'b'], api_key=new, a=dict(both, sglang_service_port=1), b=dict(both, sglang_service_port=2)) == []
+    # one node left out of the change refuses the gateway's new key: named, the key never printed
+    found = problems(['a', 'b'], secondary=new, a=dict(both, sglang_service_port=1), b={'sglang_service_port': 2})
+    assert found == ['sglang_gateway_api_key_secondary of gw is neither sglang_service_api_key nor '
+                     'sglang_service_api_key_secondary of b: smg forwards the client\'s key to the worker unchanged, so '
+                     'the node would refuse those requests; use the same variables for both (docs/security.md, '
+                     '"Changing the key")'], found
+    assert all(new not in p for p in found)
 
 
 def test_one_node_is_accepted_when_said():

@@ -2,7 +2,8 @@
 SGLANG_API_KEY, as `python -m MODULE` or `python SCRIPT` would run it, and the key is on no process's command line
 nor in the environment of what the engine starts (a multiprocessing 'spawn' child, as sglang starts its scheduler and
 detokenizer). Run here with a stand-in module that reports what it sees; the emulator's tests start the lab engine
-(sglang's own parser) through it too."""
+(sglang's own parser) through it too. With SGLANG_API_KEY_SECONDARY, the pinned sglang's own auth middleware lets
+either key in (the launcher wraps its decision function), and nothing else."""
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from sglang_envs import NAMES, environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(ROOT, 'roles', 'sglang_service', 'files', 'glm5-sglang-launch')
@@ -99,3 +101,69 @@ def test_no_key_no_engine(engine_files, key):
 def test_no_engine_named_is_a_usage_line(engine_files, args):
     p = launch(args, engine_files)
     assert p.returncode == 2 and 'usage: glm5-sglang-launch (-m MODULE | SCRIPT)' in p.stderr, p.stderr
+
+
+SECONDARY = 'old-K3y_0123456789abcdefghijklmnopqrstuvwx'
+
+# sglang's own auth middleware (sglang.srt.utils.auth.add_api_key_middleware, as its http_server adds it) on a FastAPI
+# app with one normal endpoint and a health endpoint, the key from the --api-key the launcher added; each status printed.
+SERVER = textwrap.dedent('''
+    import json, sys
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from sglang.srt.utils.auth import add_api_key_middleware
+    app = FastAPI()
+
+    @app.get('/v1/models')
+    def models():
+        return {'data': []}
+
+    @app.get('/health')
+    def health():
+        return {}
+
+    key = [a for a in sys.argv if a.startswith('--api-key=')][0].split('=', 1)[1]
+    add_api_key_middleware(app, api_key=key, admin_api_key=None)
+    client = TestClient(app)
+    out = {}
+    for name, header in (('key', 'Bearer ' + key), ('secondary', 'Bearer ' + sys.argv[1]), ('other', 'Bearer nope'),
+                         ('none', None), ('secondary-raw', sys.argv[1])):
+        headers = {'Authorization': header} if header else {}
+        out[name] = [client.get('/v1/models', headers=headers).status_code,
+                     client.get('/health', headers=headers).status_code]
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize('profile', NAMES)
+def test_a_secondary_key_is_let_in_by_sglangs_own_middleware_beside_the_key(tmp_path, profile):
+    (tmp_path / 'server.py').write_text(SERVER)
+    python = os.path.join(environment(profile)[1], 'bin', 'python')
+    runs = {}
+    for secondary in (SECONDARY, None):
+        env = dict(os.environ, PYTHONPATH='', SGLANG_API_KEY=KEY)
+        env.pop('SGLANG_API_KEY_SECONDARY', None)
+        if secondary:
+            env['SGLANG_API_KEY_SECONDARY'] = secondary
+        p = subprocess.run([python, LAUNCHER, str(tmp_path / 'server.py'), SECONDARY], cwd=str(tmp_path), env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        runs[secondary] = json.loads(p.stdout.strip().splitlines()[-1])
+    # with it: the key and the secondary key in, anything else refused; health open to all, as before
+    assert runs[SECONDARY] == {'key': [200, 200], 'secondary': [200, 200], 'other': [401, 200], 'none': [401, 200],
+                              'secondary-raw': [401, 200]}, runs
+    # without it (the same middleware): the secondary key is refused like any other
+    assert runs[None] == {'key': [200, 200], 'secondary': [401, 200], 'other': [401, 200], 'none': [401, 200],
+                          'secondary-raw': [401, 200]}, runs
+
+
+def test_a_secondary_key_without_sglangs_decision_function_stops_the_engine(engine_files):
+    # this venv has no sglang: the second key cannot be taken, and the engine does not start without it
+    env = dict(os.environ, PYTHONPATH='', SGLANG_API_KEY=KEY, SGLANG_API_KEY_SECONDARY=SECONDARY)
+    p = subprocess.run([sys.executable, LAUNCHER, '-m', 'toy_engine'], cwd=str(engine_files), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == '', p.stdout
+    assert ('SGLANG_API_KEY_SECONDARY is set but this sglang cannot take a second key: no sglang/srt/utils/auth.py in '
+            'this environment (sglang not found); refused') in p.stderr, p.stderr
+    assert SECONDARY not in p.stderr and KEY not in p.stderr

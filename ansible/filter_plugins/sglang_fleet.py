@@ -28,6 +28,7 @@ def sglang_fleet_workers(names, hostvars, service_defaults):
         port = _get(hv, 'sglang_service_port', service_defaults.get('sglang_service_port'))
         url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(_get(hv, 'ansible_host', name), port)
         workers.append({'node': name, 'url': str(url).rstrip('/'), 'key': str(_get(hv, 'sglang_service_api_key', '')),
+                        'secondary': str(_get(hv, 'sglang_service_api_key_secondary', '')),
                         'listen': str(_get(hv, 'sglang_service_host', service_defaults.get('sglang_service_host'))),
                         'known': True})
     return workers
@@ -42,11 +43,16 @@ def _endpoint(url):
     return (parts.hostname or '').lower(), port
 
 
-def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, allow_single_node=False):
+def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, allow_single_node=False,
+                          api_key_secondary=''):
     """What is wrong with a gateway's fleet: no nodes, a node named twice or unknown, two nodes at one URL or
-    address:port, a bad URL, a node sglang does not serve where the gateway looks, a missing or different key, a
-    rolling batch that takes every node down at once."""
+    address:port, a bad URL, a node sglang does not serve where the gateway looks, a missing key or one the gateway
+    takes that a node refuses (its key and secondary key against the node's), a rolling batch that takes every node
+    down at once."""
     problems = []
+    if api_key_secondary and api_key_secondary == api_key:
+        problems.append('sglang_gateway_api_key_secondary of {0} is its sglang_gateway_api_key: a key change gives the '
+                        'other key there'.format(gateway))
     if not workers:
         return ['the gateway {0} has no nodes behind it (sglang_gateway_nodes is empty): add inference nodes, or '
                 'remove the gateway from the inventory'.format(gateway)]
@@ -89,10 +95,16 @@ def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, a
             problems.append('{0} has no sglang_service_api_key: behind the gateway every node serves the gateway\'s '
                             'key (smg forwards the client\'s key to the worker unchanged); set it to the same vault '
                             'variable as sglang_gateway_api_key'.format(w['node']))
-        elif api_key and w['key'] != api_key:
-            problems.append('{0}\'s sglang_service_api_key is not {1}\'s sglang_gateway_api_key: smg forwards the '
-                            'client\'s key to the worker unchanged, so the node would refuse every request; use one '
-                            'variable for both'.format(w['node'], gateway))
+        elif api_key:
+            # smg forwards the client's key to the worker as sent: every key the gateway takes, the node must take
+            accepts = {w['key'], w.get('secondary', '')} - {''}
+            for var, key in (('sglang_gateway_api_key', api_key), ('sglang_gateway_api_key_secondary',
+                                                                    api_key_secondary)):
+                if key and key not in accepts:
+                    problems.append('{0} of {1} is neither sglang_service_api_key nor sglang_service_api_key_secondary '
+                                    'of {2}: smg forwards the client\'s key to the worker unchanged, so the node would '
+                                    'refuse those requests; use the same variables for both (docs/security.md, '
+                                    '"Changing the key")'.format(var, gateway, w['node']))
     distinct = len(set(names))
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         problems.append('glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got {0!r}'.format(

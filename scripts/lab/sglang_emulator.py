@@ -16,8 +16,9 @@ Endpoints: /health, /health_generate, /server_info (/get_server_info), /model_in
 /generate, /v1/loads (sglang's JSON, core fields as for include=core: running and waiting requests exact, tokens from
 the prompts and outputs, throughput from the pace), the legacy /get_load, and /metrics with --enable-metrics (sglang's
 names, types and labels for its running and queued requests, token usage, generation throughput, token and request
-counters, TTFT, inter-token and end-to-end latency histograms: class Metrics). Every other path but /health* and
-/metrics needs `Authorization: Bearer <api key>` when --api-key is set (401 otherwise), as sglang.
+counters, TTFT, inter-token and end-to-end latency histograms: class Metrics). Each request is let in or refused (401)
+by sglang's own decide_request_auth (sglang/srt/utils/auth.py, loaded without importing sglang): with --api-key set,
+every path but /health* and /metrics needs `Authorization: Bearer <api key>`, or the launcher's secondary key.
 
 Pacing: a batch loop like sglang's scheduler: each step gives every running request one token; a step takes
 step_seconds(batch), interpolated in log(batch) through points calibrated to the seeds' measured table (single
@@ -345,6 +346,22 @@ def parser_identity():
         return importlib.metadata.version('sglang'), hashlib.sha256(fh.read()).hexdigest()
 
 
+def sglang_auth():
+    """sglang's own request decision (decide_request_auth in sglang/srt/utils/auth.py, a module without torch), loaded
+    without importing sglang. Started by glm5-sglang-launch with a secondary key, the launcher has loaded it first and
+    wrapped the function: the emulator then decides with the wrapper, as sglang's server would."""
+    import importlib.util
+    name = 'sglang.srt.utils.auth'
+    if name not in sys.modules:
+        spec = importlib.util.find_spec('sglang')
+        path = os.path.join(spec.submodule_search_locations[0], 'srt', 'utils', 'auth.py')
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module          # before it runs: its dataclasses look their module up there
+        module_spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def parse_args(argv, cache_dir=None):
     """sglang's own parser (ServerArgs.add_cli_args) on argv, as sglang.launch_server would.
 
@@ -398,11 +415,17 @@ def build_app(args, engine):
     start = time.monotonic()
     slow_start = float(engine.faults.get('slow-start') or 0)
 
+    sglang_decides = sglang_auth()
+
     @web.middleware
     async def auth(request, handler):
-        if args.api_key and not request.path.startswith(('/health', '/metrics')) and request.method != 'OPTIONS':
-            if request.headers.get('Authorization', '') != 'Bearer ' + args.api_key:
-                return web.json_response({'error': 'Unauthorized'}, status=401)
+        # sglang's decision for its normal endpoints (the emulator has no admin ones), looked up on each request
+        decision = sglang_decides.decide_request_auth(
+            method=request.method, path=request.path, authorization_header=request.headers.get('Authorization'),
+            api_key=args.api_key, admin_api_key=None, auth_level=sglang_decides.AuthLevel.NORMAL)
+        if not decision.allowed:
+            return web.json_response({'error': 'Unauthorized' if decision.error_status_code == 401 else 'Forbidden'},
+                                     status=decision.error_status_code)
         return await handler(request)
 
     def starting():
