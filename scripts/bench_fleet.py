@@ -70,6 +70,7 @@ class Load(object):
         self.context = ssl.create_default_context(cafile=ca) if ca else None
         self.ok = self.failed = 0
         self.errors = {}
+        self.failures = []          # (time.time(), outcome) of each failed request
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(threads)]
@@ -94,6 +95,7 @@ class Load(object):
                 else:
                     self.failed += 1
                     self.errors[outcome] = self.errors.get(outcome, 0) + 1
+                    self.failures.append((time.time(), outcome))
 
     def __enter__(self):
         for t in self.threads:

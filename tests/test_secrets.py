@@ -125,21 +125,27 @@ def test_no_secret_in_what_glm5_prints(secrets, stack_node, stack_node2):
             assert not [s for s in secrets if s in p.stdout + p.stderr], args
 
 
+# How long after its listener closes a restarted gateway may still fail a request (its new process registering the
+# workers: 404 model_not_found), measured 0.3 s in the lab at the seeds' pace
+RESTART_WINDOW_S = 15
+
+
 @pytest.mark.stack
-def test_a_key_change_rolls_the_gateway_and_each_node_onto_the_new_key(tmp_path_factory, stack_node):
-    """The rotation docs/security.md gives an operator: the one variable (glm5_fleet_api_key) changed, then site.yml -
-    the gateway restarts on the new key, then each node leaves it, waits for its requests, restarts on the new key, is
-    smoke-tested and rejoins. Found in the lab (2026-12-04): each node's leave asked its engine for its load with the
-    new key, which the engine in place refuses (401), and the rollout stopped at the first node with both nodes in the
-    gateway under the model 'unknown' (the gateway could not ask them what they serve): nothing served. The engine in
-    place is asked with the key it started with, kept in the environment file's .previous copy; a node is in the
-    gateway only when the gateway knows its model. The very last check of the lane: the fleet ends on the new key."""
-    from bench_fleet import FLAG_CHANGE
+def test_a_key_change_under_load_fails_no_request_for_its_key(tmp_path_factory, stack_node):
+    """The key change docs/security.md gives an operator, under load through the gateway: first the new key as the
+    secondary (glm5_fleet_api_key_secondary) - the gateway restarts taking both, each node leaves it, restarts taking
+    both, is smoke-tested and rejoins -, then the clients move to the new key, then the new key as the key and the old
+    one as the secondary. Clients on the old key throughout, on the new one from the second run: no request is refused
+    for its key (401) or for a node the gateway cannot ask (404: found in the lab on 2026-12-04, when a change of the
+    one key left the fleet serving neither for 11 minutes); what fails is the gateway's own restarts refusing
+    connections (smg takes its keys only at its start: docs/security.md), counted. The very last check of the lane."""
+    from bench_fleet import FLAG_CHANGE, Load
     from glm5.inventory import GATEWAY_CONTRACT
     path = scenario_fleet_inventory(tmp_path_factory.mktemp('key-change-inventory'))
     (gateway, hv), = GATEWAYS.items()
     gw = scenario_inventory().contract(gateway, which=GATEWAY_CONTRACT)
     old, new = hv['sglang_gateway_api_key'], uuid.uuid4().hex + uuid.uuid4().hex
+    model = next(iter(NODES.values()))['sglang_service_served_model_name']
     context = ssl.create_default_context(cafile=gw['ca_cert']) if gw['ca_cert'] else None
 
     def ask(path, key, body=None):
@@ -152,17 +158,37 @@ def test_a_key_change_rolls_the_gateway_and_each_node_onto_the_new_key(tmp_path_
         except urllib.error.HTTPError as err:
             return err.code, None
 
-    chat = {'model': next(iter(NODES.values()))['sglang_service_served_model_name'], 'max_tokens': 4,
-            'messages': [{'role': 'user', 'content': 'What is 17 + 25?'}]}
+    def change(**keys):
+        # the rollouts' short smoke test; the flags the flag-change rollout left (only the keys change here)
+        run = site(dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE, **keys), '--tags', 'sglang,gateway',
+                   inventory=path, sglang=True)
+        assert run.rc == 0, run
+
+    chat = {'model': model, 'max_tokens': 4, 'messages': [{'role': 'user', 'content': 'What is 17 + 25?'}]}
     assert ask('/v1/chat/completions', old, chat)[0] == 200          # the fleet serves the inventory's key before
-    # the rollouts' short smoke test; the flags the flag-change rollout left (only the key changes here)
-    run = site(dict(ROLLOUT_SMOKE, glm5_fleet_api_key=new, sglang_service_flag_overrides=FLAG_CHANGE),
-               '--tags', 'sglang,gateway', inventory=path, sglang=True)
-    assert run.rc == 0, run
+    assert ask('/v1/chat/completions', new, chat)[0] == 401
+    with Load(gw['url'], old, model, 2, gw['ca_cert']) as on_old:
+        change(glm5_fleet_api_key_secondary=new)
+        assert ask('/v1/chat/completions', new, chat)[0] == 200      # both keys served: the clients may move
+        with Load(gw['url'], new, model, 2, gw['ca_cert']) as on_new:
+            change(glm5_fleet_api_key=new, glm5_fleet_api_key_secondary=old)
+    for load in (on_old, on_new):
+        # never refused for its key; every other failure in a gateway restart: from its listener closing (connections
+        # refused) to the first seconds of the new process (404 until its workers are registered), one per run
+        assert load.ok > 0 and 'HTTP 401' not in load.errors, (load.key == new, load.ok, load.errors)
+        # (a fleet serving neither key, as before the secondary key, fails for minutes: more than one window a run)
+        windows = []
+        for t, _what in sorted(load.failures):
+            if not windows or t > windows[-1] + RESTART_WINDOW_S:
+                windows.append(t)
+        assert len(windows) <= 2, ([round(w - windows[0], 1) for w in windows], load.errors)
+    print('key change under load: old key {0} ok, {1} failed {2}; new key {3} ok, {4} failed {5}'.format(
+        on_old.ok, on_old.failed, on_old.errors, on_new.ok, on_new.failed, on_new.errors))
     status, workers = ask('/workers', hv['sglang_gateway_admin_key'])
     assert status == 200
     nodes = {scenario_inventory().contract(n)['url'] for n in NODES}
     assert {w['url'] for w in workers['workers'] if w.get('is_healthy') and w.get('model_id') != 'unknown'} == nodes, \
         workers
     assert ask('/v1/chat/completions', new, chat)[0] == 200
-    assert ask('/v1/chat/completions', old, chat)[0] == 401
+    assert ask('/v1/chat/completions', old, chat)[0] == 200          # until a run without the secondary retires it
+    assert ask('/v1/chat/completions', 'other-' + new, chat)[0] == 401
