@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+from sglang_envs import lab_wheel_cache
 from siterun import node_ssh, second_node
 
 NAME, NODE = second_node('default')
@@ -94,3 +95,23 @@ def test_its_caches_on_the_host_are_the_containers_and_its_smoke_test_passed(nod
     assert os.stat(report).st_uid == BASE
     with open(report) as fh:
         assert fh.readline().startswith('# Smoke test {0}: PASSED'.format(passed[0]['run']))
+
+
+def test_its_wheel_cache_starts_as_hard_links_to_the_labs_not_a_second_download(node):
+    """Its caches are its own, never make deploy's (tests/test_suite_map.py); its wheel cache starts as hard links to
+    the lab's (make deploy's first node's), made by the scenario's create (ansible/playbooks/lab_caches.yml). Found in
+    make test: the create skipped that under make test, and both lane nodes downloaded the 17 GB of wheels, filling
+    the disk."""
+    lab = lab_wheel_cache()
+    if not os.path.isdir(lab):
+        pytest.skip('the lab has no wheel cache yet (a fresh machine: the lane nodes fill their own)')
+    big = []
+    for root, _dirs, files in os.walk(lab):
+        big += [os.path.join(root, f) for f in files if os.path.getsize(os.path.join(root, f)) > 50 * 1024 ** 2]
+        if len(big) >= 3:
+            break
+    assert big, 'no wheel over 50 MB in {0}'.format(lab)
+    own = os.path.join(node['pve_container_sglang_cache_dir'], 'uv')
+    for path in big:
+        mine = os.path.join(own, os.path.relpath(path, lab))
+        assert os.path.exists(mine) and os.stat(mine).st_ino == os.stat(path).st_ino, (path, mine)
