@@ -131,6 +131,7 @@ SERVER = textwrap.dedent('''
         headers = {'Authorization': header} if header else {}
         out[name] = [client.get('/v1/models', headers=headers).status_code,
                      client.get('/health', headers=headers).status_code]
+    out['environ'] = sorted(k for k in __import__('os').environ if k.startswith('SGLANG_API_KEY'))
     print(json.dumps(out))
 ''')
 
@@ -150,6 +151,8 @@ def test_a_secondary_key_is_let_in_by_sglangs_own_middleware_beside_the_key(tmp_
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr
         runs[secondary] = json.loads(p.stdout.strip().splitlines()[-1])
+    # neither key is left in the engine's environment (what it starts would inherit it)
+    assert runs[SECONDARY].pop('environ') == runs[None].pop('environ') == [], runs
     # with it: the key and the secondary key in, anything else refused; health open to all, as before
     assert runs[SECONDARY] == {'key': [200, 200], 'secondary': [200, 200], 'other': [401, 200], 'none': [401, 200],
                               'secondary-raw': [401, 200]}, runs
