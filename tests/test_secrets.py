@@ -125,8 +125,9 @@ def test_no_secret_in_what_glm5_prints(secrets, stack_node, stack_node2):
             assert not [s for s in secrets if s in p.stdout + p.stderr], args
 
 
-# How long after its listener closes a restarted gateway may still fail a request (its new process registering the
-# workers: 404 model_not_found), measured 0.3 s in the lab at the seeds' pace
+# How long a restarted gateway may fail requests, from its listener closing (connections refused while the old process
+# finishes its streams) to its new process registering the workers (404 model_not_found): 0.3-5.6 s in the lab trial
+# of docs/security.md at the seeds' pace
 RESTART_WINDOW_S = 15
 
 
