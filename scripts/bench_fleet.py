@@ -96,6 +96,9 @@ class Load(object):
                     self.failed += 1
                     self.errors[outcome] = self.errors.get(outcome, 0) + 1
                     self.failures.append((time.time(), outcome))
+            if outcome is not None:
+                # a client's pause before it asks again: a refused connection is not counted thousands of times
+                self.stop.wait(0.1)
 
     def __enter__(self):
         for t in self.threads:

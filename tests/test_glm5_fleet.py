@@ -166,6 +166,29 @@ def test_status_without_a_gateway_is_as_it_was(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out) == {'healthy': True, 'nodes': [canned]}
 
 
+def test_status_says_the_gateways_front_door_is_down_and_names_a_running_hand_off(monkeypatch):
+    """The client port is HAProxy's (sglang_gateway's front door): smg running behind a stopped one serves nobody."""
+    from types import SimpleNamespace
+    contract = {'service': 'glm5-gateway', 'front_service': 'haproxy', 'handoff_service': 'glm5-gateway-handoff',
+                'ready_path': '/health'}
+    units = {'glm5-gateway': 'active', 'haproxy': 'failed', 'glm5-gateway-handoff': 'active'}
+    monkeypatch.setattr(fleet, 'unit_state', lambda shell, name: {
+        'name': name, 'load': 'loaded', 'active': units[name], 'sub': 'running' if units[name] == 'active' else 'failed',
+        'since': None, 'uptime_s': None, 'restarts': 0})
+    monkeypatch.setattr(fleet, 'ask', lambda shell, method, url, **kw: {'status': 200, 'seconds': 0.01})
+    monkeypatch.setattr(fleet, 'fleet_text', lambda v, indent, head: head + 'two nodes in')
+    gw = SimpleNamespace(name='gw', url='https://127.0.0.1:8000', shell=None, contract=contract,
+                         view=lambda: {'problems': []})
+    st = fleet.gateway_status(gw)
+    assert st['problems'] == ['the front door haproxy is failed (failed): clients cannot reach the gateway']
+    text = fleet.gateway_text(st)
+    assert 'gw (gateway): UNHEALTHY' in text
+    assert "  front door  haproxy failed (failed), the hand-off's glm5-gateway-handoff active" in text, text
+    units.update(haproxy='active', **{'glm5-gateway-handoff': 'inactive'})
+    st = fleet.gateway_status(gw)
+    assert st['problems'] == [] and '  front door  haproxy active (running)\n' in fleet.gateway_text(st) + '\n'
+
+
 # ---- against a real gateway of its own (smg in front of two engine emulators on this machine)
 
 ADMIN = 'adm1nK3y-' + os.urandom(12).hex()

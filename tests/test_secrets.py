@@ -125,21 +125,15 @@ def test_no_secret_in_what_glm5_prints(secrets, stack_node, stack_node2):
             assert not [s for s in secrets if s in p.stdout + p.stderr], args
 
 
-# How long a restarted gateway may fail requests, from its listener closing (connections refused while the old process
-# finishes its streams) to its new process registering the workers (404 model_not_found): 0.3-5.6 s in the lab trial
-# of docs/security.md at the seeds' pace
-RESTART_WINDOW_S = 15
-
-
 @pytest.mark.stack
-def test_a_key_change_under_load_fails_no_request_for_its_key(tmp_path_factory, stack_node):
+def test_a_key_change_under_load_fails_no_request(tmp_path_factory, stack_node):
     """The key change docs/security.md gives an operator, under load through the gateway: first the new key as the
     secondary (glm5_fleet_api_key_secondary) - the gateway restarts taking both, each node leaves it, restarts taking
     both, is smoke-tested and rejoins -, then the clients move to the new key, then the new key as the key and the old
     one as the secondary. Clients on the old key throughout, on the new one from the second run: no request is refused
     for its key (401) or for a node the gateway cannot ask (404: found in the lab on 2026-12-04, when a change of the
-    one key left the fleet serving neither for 11 minutes); what fails is the gateway's own restarts refusing
-    connections (smg takes its keys only at its start: docs/security.md), counted. The very last check of the lane."""
+    one key left the fleet serving neither for 11 minutes), and none fails at all: the gateway takes its keys only at
+    its start, and its restarts hand off to a second one behind the front door. The very last check of the lane."""
     from bench_fleet import FLAG_CHANGE, Load
     from glm5.inventory import GATEWAY_CONTRACT
     path = scenario_fleet_inventory(tmp_path_factory.mktemp('key-change-inventory'))
@@ -174,15 +168,11 @@ def test_a_key_change_under_load_fails_no_request_for_its_key(tmp_path_factory, 
         with Load(gw['url'], new, model, 2, gw['ca_cert']) as on_new:
             change(glm5_fleet_api_key=new, glm5_fleet_api_key_secondary=old)
     for load in (on_old, on_new):
-        # never refused for its key; every other failure in a gateway restart: from its listener closing (connections
-        # refused) to the first seconds of the new process (404 until its workers are registered), one per run
-        assert load.ok > 0 and 'HTTP 401' not in load.errors, (load.key == new, load.ok, load.errors)
-        # (a fleet serving neither key, as before the secondary key, fails for minutes: more than one window a run)
-        windows = []
-        for t, _what in sorted(load.failures):
-            if not windows or t > windows[-1] + RESTART_WINDOW_S:
-                windows.append(t)
-        assert len(windows) <= 2, ([round(w - windows[0], 1) for w in windows], load.errors)
+        # none refused for its key (401), for a node the gateway cannot ask (404), nor by a gateway's restart: the front
+        # door hands off to a second smg while the first restarts (sglang_gateway's tasks/handoff.yml; before it, each
+        # run had one window of refused connections, 0.3-5.2 s, then 404s)
+        assert load.ok > 0 and load.failed == 0, (load.key == new, load.ok, load.errors,
+                                                 [round(t - load.failures[0][0], 1) for t, _ in load.failures])
     print('key change under load: old key {0} ok, {1} failed {2}; new key {3} ok, {4} failed {5}'.format(
         on_old.ok, on_old.failed, on_old.errors, on_new.ok, on_new.failed, on_new.errors))
     status, workers = ask('/workers', hv['sglang_gateway_admin_key'])

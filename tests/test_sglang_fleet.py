@@ -279,3 +279,20 @@ def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_ch
         assert rc == 0, out
     else:
         assert rc != 0 and 'fatal: [gw]' in out and words in out, out
+
+
+@pytest.mark.parametrize('extra, words', [
+    ({'sglang_gateway_handoff_port': 8000},
+     'gw: sglang_gateway_port and sglang_gateway_handoff_port are the same port (8000); the front door (HAProxy), the '
+     'two smg behind it (the hand-off) and their metrics each need their own.'),
+    ({'sglang_gateway_backend_port': 29001, 'sglang_gateway_metrics_port': '8002'},
+     'gw: sglang_gateway_handoff_port and sglang_gateway_metrics_port are the same port (8002); '
+     'sglang_gateway_backend_port and sglang_gateway_handoff_metrics_port are the same port (29001); the front door'),
+    ({'sglang_gateway_port': 443, 'sglang_gateway_backend_port': 9443}, None),
+])
+def test_the_front_door_and_both_gateways_have_ports_of_their_own_before_any_change(tls_check, extra, words):
+    rc, out = tls_check(**extra)
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [gw]' in out and words in out, out

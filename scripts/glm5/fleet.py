@@ -349,6 +349,13 @@ def gateway_status(gw):
             problems.append('unit {0} is not installed ({1})'.format(u['name'], u['load']))
         elif u['active'] != 'active':
             problems.append('unit {0} is {1} ({2})'.format(u['name'], u['active'], u['sub']))
+        # the front door (HAProxy) holds the client port; the hand-off's second smg runs only while a deploy restarts
+        # the first
+        st['front'] = f = unit_state(gw.shell, gw.contract['front_service'])
+        if f['active'] != 'active':
+            problems.append('the front door {0} is {1} ({2}): clients cannot reach the gateway'.format(
+                f['name'], f['active'], f['sub']))
+        st['handoff'] = unit_state(gw.shell, gw.contract['handoff_service'])
         h = ask(gw.shell, 'GET', gw.url + gw.contract['ready_path'])
         st['health'] = {'ok': h['status'] == 200, 'status': h['status'], 'seconds': h['seconds'],
                         'url': gw.url + gw.contract['ready_path']}
@@ -368,6 +375,10 @@ def gateway_text(st):
         lines.append('  unit        {0} {1} ({2}){3}, {4} restarts'.format(
             u['name'], u['active'], u['sub'], ' since {0}, up {1}'.format(u['since'], ago(u['uptime_s']))
             if u['since'] else '', u['restarts']))
+    f, ho = st.get('front'), st.get('handoff')
+    if f:
+        lines.append('  front door  {0} {1} ({2}){3}'.format(f['name'], f['active'], f['sub'], ', the hand-off\'s {0} {1}'
+                     .format(ho['name'], ho['active']) if ho and ho['active'] != 'inactive' else ''))
     if h:
         lines.append('  health      {0} {1} in {2} s'.format(h['url'], h['status'], h['seconds']))
     f = st.get('fleet')
