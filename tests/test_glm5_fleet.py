@@ -243,7 +243,9 @@ def lab(tmp_path_factory):
         (top / 'etc').mkdir()
         (top / 'etc' / 'gw.env').write_text('SMG_API_KEY={0}\nSMG_ADMIN_KEY={1}\nNO_COLOR=1\n'.format(FLEET, ADMIN))
         (top / 'key').write_text(FLEET + '\n')
-        contract = {'service': 'glm5-test-gateway', 'url': 'http://127.0.0.1:{0}'.format(port),
+        # (smg alone here, its port the client port: the front door's and the hand-off's units are none of this machine's)
+        contract = {'service': 'glm5-test-gateway', 'front_service': 'glm5-test-front',
+                    'handoff_service': 'glm5-test-gateway-handoff', 'url': 'http://127.0.0.1:{0}'.format(port),
                     'metrics_url': 'http://127.0.0.1:{0}/metrics'.format(metrics), 'ready_path': '/health',
                     'env_file': str(top / 'etc' / 'gw.env'), 'drained_file': str(top / 'etc' / 'gw.drained.json')}
         nodes = [{'node': 'n{0}'.format(i + 1), 'url': e.url} for i, e in enumerate(engines)]
