@@ -241,6 +241,14 @@ def tls_check(tmp_path_factory):
     return run
 
 
+def refused_saying(rc, out, words):
+    """The checks' outcome: passed (words None), or refused on the gateway saying words."""
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [gw]' in out and words in out, out
+
+
 @pytest.mark.parametrize('extra, words', [
     ({'sglang_gateway_tls_cert': 'TOP/cert.pem'},
      "gw: sglang_gateway_tls_cert and sglang_gateway_tls_key go together (empty both: a certificate from the "
@@ -255,12 +263,7 @@ def tls_check(tmp_path_factory):
     ({'sglang_gateway_tls': False, 'sglang_gateway_tls_cert': 'TOP/cert.pem'}, None),
 ])
 def test_the_gateways_tls_settings_are_checked_before_any_change(tls_check, extra, words):
-    rc, out = tls_check(**extra)
-    if words is None:
-        assert rc == 0, out
-    else:
-        assert rc != 0 and 'fatal: [gw]' in out, out
-        assert words.split('TOP')[0] in out, out
+    refused_saying(*tls_check(**extra), words and words.split('TOP')[0])
 
 
 @pytest.mark.parametrize('extra, words', [
@@ -274,11 +277,7 @@ def test_the_gateways_tls_settings_are_checked_before_any_change(tls_check, extr
     ({'sglang_gateway_source_address': '10.0.0.5', 'pve_container_engine_sources': ['10.1.0.0/24']}, None),
 ])
 def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_check, extra, words):
-    rc, out = tls_check(**extra)
-    if words is None:
-        assert rc == 0, out
-    else:
-        assert rc != 0 and 'fatal: [gw]' in out and words in out, out
+    refused_saying(*tls_check(**extra), words)
 
 
 @pytest.mark.parametrize('extra, words', [
@@ -291,8 +290,4 @@ def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_ch
     ({'sglang_gateway_port': 443, 'sglang_gateway_backend_port': 9443}, None),
 ])
 def test_the_front_door_and_both_gateways_have_ports_of_their_own_before_any_change(tls_check, extra, words):
-    rc, out = tls_check(**extra)
-    if words is None:
-        assert rc == 0, out
-    else:
-        assert rc != 0 and 'fatal: [gw]' in out and words in out, out
+    refused_saying(*tls_check(**extra), words)
