@@ -291,3 +291,19 @@ def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_ch
 ])
 def test_the_front_door_and_both_gateways_have_ports_of_their_own_before_any_change(tls_check, extra, words):
     refused_saying(*tls_check(**extra), words)
+
+
+def test_the_gateways_fact_holds_no_key_even_at_vvv(tmp_path):
+    """sglang_gateway_fleet (contract.yml's fact, shown at -v and above) names each worker's node and URL, never its
+    key nor its secondary key (found by the rollout's -vvv check in make test, 2026-12-05: each node's secondary key,
+    in the middle of a key change, was printed with the fact)."""
+    import yaml
+    (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(TLS_INVENTORY))
+    (tmp_path / 'play.yml').write_text(yaml.safe_dump(TLS_PLAY))
+    secondary = 'the-secondary-key-0123456789'
+    r = siterun.site({'sglang_service_api_key_secondary': secondary}, '-vvv', inventory=str(tmp_path / 'hosts.yml'),
+                     playbook=str(tmp_path / 'play.yml'))
+    assert r.rc == 0, r.out
+    assert 'sglang_gateway_fleet' in r.raw and 'http://127.0.0.1:30002' in r.raw, r.raw     # the fact is shown
+    assert KEY not in r.raw and secondary not in r.raw
+
