@@ -10,7 +10,7 @@ import sys
 import pytest
 import sglang_gateway_args
 import siterun
-from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers
+from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers, sglang_serving_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULTS = {'sglang_service_port': 30000, 'sglang_service_host': '127.0.0.1'}
@@ -307,3 +307,13 @@ def test_the_gateways_fact_holds_no_key_even_at_vvv(tmp_path):
     assert 'sglang_gateway_fleet' in r.raw and 'http://127.0.0.1:30002' in r.raw, r.raw     # the fact is shown
     assert KEY not in r.raw and secondary not in r.raw
 
+
+def test_the_serving_workers_are_healthy_and_under_a_model():
+    """A gateway's worker list (smg's GET /workers): a worker healthy under the model 'unknown' refused the gateway's
+    key, so it serves nothing; an unhealthy one serves nothing either."""
+    workers = [{'url': 'http://a:1', 'is_healthy': True, 'model_id': 'glm-5'},
+               {'url': 'http://b:1', 'is_healthy': True, 'model_id': 'unknown'},
+               {'url': 'http://c:1', 'is_healthy': False, 'model_id': 'glm-5'},
+               {'url': 'http://d:1', 'model_id': 'glm-5'}]
+    assert sglang_serving_workers(workers) == ['http://a:1']
+    assert sglang_serving_workers([]) == sglang_serving_workers(None) == []

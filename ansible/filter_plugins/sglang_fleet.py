@@ -118,6 +118,15 @@ def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, a
     return problems
 
 
+def sglang_serving_workers(workers):
+    """The URLs of the workers in a gateway's worker list (GET /workers) that serve: healthy, and under a model. A
+    worker the gateway could not ask what it serves (it refused the gateway's key) is healthy - its /health takes no
+    key - under the model 'unknown', and every request for it is refused."""
+    return [w['url'] for w in workers or [] if isinstance(w, dict) and w.get('is_healthy')
+            and w.get('model_id') != 'unknown' and w.get('url')]
+
+
 class FilterModule(object):
     def filters(self):
-        return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems}
+        return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
+                'sglang_serving_workers': sglang_serving_workers}
