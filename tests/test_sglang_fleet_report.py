@@ -72,6 +72,8 @@ def test_the_plan_drives_each_level_at_level_times_nodes_with_the_nodes_prompt_c
     ({'ttft_overhead_ms': -5}, 'sglang_smoke_fleet_ttft_overhead_ms must be a number of ms > 0'),
     ({'ttft_overhead_ms': 'fast'}, 'sglang_smoke_fleet_ttft_overhead_ms'),
     ({'nodes': []}, 'no nodes whose smoke test ran'),
+    ({'poll': 0}, 'sglang_smoke_fleet_poll must be a whole number of seconds >= 1, got 0'),
+    ({'poll': '2'}, 'sglang_smoke_fleet_poll'),
 ])
 def test_bad_settings_are_each_one_line(change, words):
     found = fleet.problems(settings(**change))

@@ -43,6 +43,8 @@ def problems(s):
     if limit is not None and (not is_number(limit) or limit <= 0):
         out.append('sglang_smoke_fleet_ttft_overhead_ms must be a number of ms > 0 (or null: not gated), got '
                    '{0}'.format(json.dumps(limit)))
+    if 'poll' in s and not _positive_int(s['poll']):
+        out.append('sglang_smoke_fleet_poll must be a whole number of seconds >= 1, got {0}'.format(json.dumps(s['poll'])))
     nodes = s.get('nodes')
     if not isinstance(nodes, list) or not nodes:
         out.append('the gateway has no nodes whose smoke test ran in this play: nothing to judge the fleet against')
