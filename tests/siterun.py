@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Mapping
 
 from glm5_lab.paths import STATE
@@ -122,6 +123,11 @@ def scenario_fleet_inventory(path, scenario='default'):
 # The rollouts' smoke test on make test's fleet: the single stream on each node, two prompts (the lane's other checks
 # sweep more; these are about order, keys and failed requests, and the load beside them shares the machine's CPUs)
 ROLLOUT_SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sglang_smoke_prompts_per_concurrency': 2}
+
+# The fleet's next key in make test's full-stack lane, one for the whole pytest run: the flag-change rollout
+# (tests/test_fleet_rollout.py) brings it in as the secondary key - a key change's first step, in the same run -, the
+# key change (tests/test_secrets.py) makes it the key; the secrets audits look for it as for the others.
+FLEET_NEXT_KEY = uuid.uuid4().hex + uuid.uuid4().hex
 
 
 def _names(path, group):

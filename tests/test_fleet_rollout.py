@@ -1,16 +1,18 @@
 """site.yml's rolling deploy on make test's full-stack fleet (molecule/default: two nodes and the gateway in front of
 them, deployed and verified before this), while a load generator asks through the gateway at a steady concurrency
 (scripts/bench_fleet.py's, the one the benchmark uses): a change the first node fails stops the rollout with the
-other node serving; a flag change rolls across both, one at a time. No request may fail in either.
+other node serving; a flag change (with a key change's first step: the gateway restarts too) rolls across both, one
+at a time. No request may fail in either.
 
 The order matters and is the file's: the failing rollout first (from the inventory's configuration), then the flag
-change (which brings the first node back). Both nodes end on the flag change, in the gateway; only the secrets
-audit runs after this one."""
+change (which brings the first node back). Both nodes end on the flag change, taking both keys, in the gateway; only
+Prometheus' checks, the secrets audit and the key change's last step run after this one."""
 import json
 import os
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -18,6 +20,7 @@ from bench_fleet import FLAG_CHANGE, Load
 from glm5.inventory import GATEWAY_CONTRACT
 from glm5_lab.paths import paths
 from siterun import (
+    FLEET_NEXT_KEY,
     ROLLOUT_SMOKE,
     ROOT,
     NodeVars,
@@ -122,6 +125,19 @@ def out_of_gateway(w, url):
     return [t for t, healthy in w.samples if isinstance(healthy, set) and url not in healthy]
 
 
+def ask(fleet, key):
+    """The status of one short chat completion through the gateway with this key."""
+    body = {'model': fleet['model'], 'max_tokens': 4, 'messages': [{'role': 'user', 'content': 'What is 17 + 25?'}]}
+    req = urllib.request.Request(fleet['url'] + '/v1/chat/completions', data=json.dumps(body).encode(),
+                                 headers={'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'})
+    context = ssl.create_default_context(cafile=fleet['ca']) if fleet['ca'] else None
+    try:
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(lab_api):
     """What site.yml asked PVE for (pve_container_firewall's default for a node behind a gateway): the engine port
     open to the gateway's and the monitoring host's addresses and closed to all others, the rules first, the firewall
@@ -183,15 +199,24 @@ def secrets_in(text, secrets):
     return [(name, n) for n, line in enumerate(text.splitlines(), 1) for name, value in secrets.items() if value in line]
 
 
-def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_request(fleet, record_testsuite_property):
-    """Run at -vvv, what an operator debugging a rollout turns on: no secret in its output (the engine's key, the
-    gateway's admin key, the PVE password): every task that handles one is no_log."""
+def test_a_flag_change_with_a_second_key_rolls_one_node_at_a_time_under_load_with_no_failed_request(
+        fleet, record_testsuite_property):
+    """A flag change, and in the same run a key change's first step (docs/security.md: the fleet's next key as the
+    secondary, glm5_fleet_api_key_secondary): the gateway hands off to a restart taking both keys, then each node
+    leaves it, restarts, is smoke-tested and rejoins, one at a time. The clients stay on the key throughout; after it
+    the next key is served too (tests/test_secrets.py makes it the key, last in the lane). Run at -vvv, what an operator
+    debugging a rollout turns on: no secret in its output (either key, the gateway's admin key, the PVE password): every
+    task that handles one is no_log."""
     first, second = NODES
     before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
-    run, load, w, took = rollout(fleet, dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE), '-vvv')
+    change = dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE, glm5_fleet_api_key_secondary=FLEET_NEXT_KEY)
+    assert ask(fleet, FLEET_NEXT_KEY) == 401                  # not served before
+    run, load, w, took = rollout(fleet, change, '--tags', 'gateway', '-vvv')
     assert run.rc == 0, run
+    assert ask(fleet, FLEET_NEXT_KEY) == 200 and ask(fleet, fleet['key']) == 200     # both keys served: clients may move
     with open(paths()['password']) as fh:
-        secrets = {'the API key': fleet['key'], 'the admin key': fleet['admin'], 'the PVE password': fh.read().strip()}
+        secrets = {'the API key': fleet['key'], 'the admin key': fleet['admin'], 'the PVE password': fh.read().strip(),
+                   'the next key': FLEET_NEXT_KEY}
     assert min(len(v) for v in secrets.values()) >= 16
     assert 'ESTABLISH' in run.raw, 'not a -vvv run'
     assert secrets_in(run.raw, secrets) == [], 'a secret in the -vvv output (which, at which line)'
@@ -214,4 +239,4 @@ def test_a_flag_change_rolls_one_node_at_a_time_under_load_with_no_failed_reques
     new = fleet_runs()[len(fleet_before):]
     assert len(new) == 1 and new[0]['passed'] and sorted(new[0]['nodes']) == sorted(NODES), new
     record_testsuite_property('fleet_rollout_seconds', round(took))
-    print('flag change rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
+    print('flag change and second key rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
