@@ -130,6 +130,26 @@ ROLLOUT_SMOKE = {'sglang_smoke_levels': [1], 'sglang_smoke_min_prompts': 2, 'sgl
 FLEET_NEXT_KEY = uuid.uuid4().hex + uuid.uuid4().hex
 
 
+def local_checks(top, inventory, play):
+    """A play of read-only checks (site.yml's first plays: a role's validate.yml, no host contacted), with its
+    inventory, written under top (a pathlib.Path) -> run(**extra) -> (rc, output)."""
+    import yaml
+    (top / 'hosts.yml').write_text(yaml.safe_dump(inventory))
+    (top / 'play.yml').write_text(yaml.safe_dump(play))
+
+    def run(**extra):
+        r = site(extra, inventory=str(top / 'hosts.yml'), playbook=str(top / 'play.yml'))
+        return r.rc, r.out
+    return run
+
+
+def refused_saying(rc, out, host, words):
+    """Checks' outcome: passed (words None), or refused on host saying words."""
+    if words is None:
+        assert rc == 0, out
+    else:
+        assert rc != 0 and 'fatal: [{0}]'.format(host) in out and words in out, out
+
 def _names(path, group):
     import yaml
     with open(path) as fh:

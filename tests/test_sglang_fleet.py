@@ -10,7 +10,7 @@ import sys
 import pytest
 import sglang_gateway_args
 import siterun
-from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers, sglang_serving_workers
+from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers, sglang_in_flight, sglang_serving_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULTS = {'sglang_service_port': 30000, 'sglang_service_host': '127.0.0.1'}
@@ -227,26 +227,19 @@ TLS_PLAY = [{'hosts': 'gateways', 'gather_facts': False, 'tasks': [
 def tls_check(tmp_path_factory):
     """site.yml's first play for a gateway (its contract, then its checks: read-only), run on this machine with extra
     variables -> (rc, output)."""
-    import yaml
     top = tmp_path_factory.mktemp('tls')
-    (top / 'hosts.yml').write_text(yaml.safe_dump(TLS_INVENTORY))
-    (top / 'play.yml').write_text(yaml.safe_dump(TLS_PLAY))
     for name in ('cert.pem', 'key.pem', 'ca.pem'):
         (top / name).write_text('not read by the checks\n')
+    checks = siterun.local_checks(top, TLS_INVENTORY, TLS_PLAY)
 
     def run(**extra):
-        extra = {k: v.replace('TOP', str(top)) if isinstance(v, str) else v for k, v in extra.items()}
-        r = siterun.site(extra, inventory=str(top / 'hosts.yml'), playbook=str(top / 'play.yml'))
-        return r.rc, r.out
+        return checks(**{k: v.replace('TOP', str(top)) if isinstance(v, str) else v for k, v in extra.items()})
     return run
 
 
 def refused_saying(rc, out, words):
     """The checks' outcome: passed (words None), or refused on the gateway saying words."""
-    if words is None:
-        assert rc == 0, out
-    else:
-        assert rc != 0 and 'fatal: [gw]' in out and words in out, out
+    siterun.refused_saying(rc, out, 'gw', words)
 
 
 @pytest.mark.parametrize('extra, words', [
@@ -317,3 +310,11 @@ def test_the_serving_workers_are_healthy_and_under_a_model():
                {'url': 'http://d:1', 'model_id': 'glm-5'}]
     assert sglang_serving_workers(workers) == ['http://a:1']
     assert sglang_serving_workers([]) == sglang_serving_workers(None) == []
+
+
+def test_in_flight_is_running_and_waiting_over_every_rank():
+    """sglang's load report (GET /v1/loads): one entry a data-parallel rank."""
+    loads = [{'dp_rank': 0, 'num_running_reqs': 3, 'num_waiting_reqs': 2},
+             {'dp_rank': 1, 'num_running_reqs': 1, 'num_waiting_reqs': 0}, {'dp_rank': 2}]
+    assert sglang_in_flight(loads) == 6
+    assert sglang_in_flight([]) == sglang_in_flight(None) == 0

@@ -126,7 +126,14 @@ def sglang_serving_workers(workers):
             and w.get('model_id') != 'unknown' and w.get('url')]
 
 
+def sglang_in_flight(loads):
+    """The requests an engine has in flight - running and waiting, over its data-parallel ranks - from the 'loads' list
+    of sglang's load report (GET /v1/loads)."""
+    return sum(int(rank.get('num_running_reqs') or 0) + int(rank.get('num_waiting_reqs') or 0)
+               for rank in loads or [] if isinstance(rank, dict))
+
+
 class FilterModule(object):
     def filters(self):
         return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
-                'sglang_serving_workers': sglang_serving_workers}
+                'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight}
