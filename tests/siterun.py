@@ -150,6 +150,7 @@ def refused_saying(rc, out, host, words):
     else:
         assert rc != 0 and 'fatal: [{0}]'.format(host) in out and words in out, out
 
+
 def _names(path, group):
     import yaml
     with open(path) as fh:
