@@ -2,13 +2,18 @@
 """The p99 TTFT the gateway adds, on any machine (by hand, not in CI): two engine emulators and the real gateway, here.
 
     python scripts/bench_gateway.py [--concurrency 128,512,1024] [--gateway-clients 2] [--python PY] [--smg SMG]
+                                    [--no-tls] [--front haproxy|none] [--haproxy HAPROXY]
 
 What it starts, all on 127.0.0.1 and torn down at the end: two engine emulators (scripts/lab/sglang_emulator.py at
 the seeds' pace: GLM5_EMULATOR_SPEED unset, --max-running-requests 1024, an API key, the lab's stand-in tokenizer
 made by scripts/lab/stand_in_model.py in a temporary folder unless --tokenizer names one) and SGLang's model
 gateway (`smg launch`) in front of both, with the flags roles/sglang_gateway deploys: its vars/main.yml flag set
 rendered with its defaults/main.yml (policy, health checks, retries, circuit breaker, timeouts), only the
-addresses, the worker URLs and the keys put in here.
+addresses, the worker URLs and the keys put in here. As the role deploys it by default, clients reach it through its
+front door: HTTPS (smg's own TLS, sglang_gateway_tls; a CA and a P-256 certificate for 127.0.0.1 made here with
+`openssl`, the clients trusting that CA) and HAProxy in front, passing TCP through (the role's templates/haproxy.cfg.j2
+rendered with its defaults, less its chroot, user and group lines and with its admin socket in the temporary folder;
+checked with haproxy -c first). --no-tls serves plain HTTP; --front none lets the clients reach smg itself.
 
 What it measures, at each C of --concurrency, as scripts/bench_fleet.py's 'overhead' part does on the lab's fleet:
 sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf,
@@ -24,7 +29,8 @@ total tok/s, failed requests, and the connections the kernel refused over each r
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
-beside --python, else on PATH, else `--python -m smg`). Everything shares this machine's CPUs: on a small machine
+beside --python, else on PATH, else `--python -m smg`), --haproxy HAProxy's (default: haproxy on PATH, else
+/usr/sbin/haproxy). Everything shares this machine's CPUs: on a small machine
 the engines, the clients and the gateway saturate them together, and the overhead measured is theirs too; the table
 says how many CPUs it ran on.
 """
@@ -58,6 +64,8 @@ BACKEND = 'sglang'
 MODEL = 'glm-5'
 # the gateway flags set here, not from the role: where it listens, its workers, its keys
 PLACED = ('host', 'port', 'worker-urls', 'prometheus-host', 'prometheus-port', 'api-key', 'control-plane-api-keys')
+# its certificate and key: the ones made here (TLS, the role's default), or none (--no-tls)
+TLS_FLAGS = ('tls-cert-path', 'tls-key-path')
 BAR_MS = 50
 
 
@@ -67,21 +75,80 @@ def free_port():
         return s.getsockname()[1]
 
 
-def gateway_flags():
-    """roles/sglang_gateway's __sglang_gateway_flags rendered with its defaults, less the PLACED flags."""
-    import jinja2
+def role_defaults():
     import yaml
     with open(os.path.join(GATEWAY_ROLE, 'defaults', 'main.yml')) as fh:
-        defaults = yaml.safe_load(fh)
+        return yaml.safe_load(fh)
+
+
+def gateway_flags():
+    """roles/sglang_gateway's __sglang_gateway_flags rendered with its defaults, less the PLACED flags and its TLS
+    paths (TLS_FLAGS: the certificate made here, or none)."""
+    import jinja2
+    import yaml
+    defaults = role_defaults()
     with open(os.path.join(GATEWAY_ROLE, 'vars', 'main.yml')) as fh:
         flags = yaml.safe_load(fh)['__sglang_gateway_flags']
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     out = {}
     for key, value in flags.items():
-        if key in PLACED:
+        if key in PLACED or key in TLS_FLAGS:
             continue
         out[key] = env.from_string(value).render(defaults) if isinstance(value, str) else value
     return out, defaults['sglang_gateway_version']
+
+
+def make_certificate(folder, openssl='openssl'):
+    """A CA and a certificate it signed for 127.0.0.1 and localhost (P-256, serverAuth, as roles/sglang_gateway's
+    tasks/tls.yml makes a gateway's), made with openssl in folder: (certificate, key, CA file)."""
+    ca_key, ca, key, csr, cert = (os.path.join(folder, n) for n in ('ca.key', 'ca.crt', 'gw.key', 'gw.csr', 'gw.crt'))
+    ext = os.path.join(folder, 'gw.ext')
+    with open(ext, 'w') as fh:
+        fh.write('subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n'
+                 'basicConstraints=critical,CA:FALSE\n')
+    steps = [
+        ['ecparam', '-name', 'prime256v1', '-genkey', '-noout', '-out', ca_key],
+        ['req', '-x509', '-new', '-key', ca_key, '-subj', '/CN=glm5 bench_gateway CA', '-days', '2', '-out', ca],
+        ['ecparam', '-name', 'prime256v1', '-genkey', '-noout', '-out', key + '.ec'],
+        ['pkcs8', '-topk8', '-nocrypt', '-in', key + '.ec', '-out', key],
+        ['req', '-new', '-key', key, '-subj', '/CN=127.0.0.1', '-out', csr],
+        ['x509', '-req', '-in', csr, '-CA', ca, '-CAkey', ca_key, '-CAcreateserial', '-days', '2', '-extfile', ext,
+         '-out', cert]]
+    for step in steps:
+        try:
+            r = subprocess.run([openssl] + step, capture_output=True, text=True)
+        except OSError as exc:
+            sys.exit('openssl is needed for the gateway\'s certificate ({0}); or --no-tls for plain HTTP'.format(exc))
+        if r.returncode != 0:
+            sys.exit('openssl {0} failed: {1}'.format(step[0], r.stderr.strip()[-1000:]))
+    return cert, key, ca
+
+
+def front_config(front_port, backend_port, handoff_port, socket_path, tls, max_connections=None):
+    """roles/sglang_gateway's templates/haproxy.cfg.j2 rendered with its defaults and these ports, less the lines
+    that need the Debian package's user and folder (chroot, user, group): the same TCP pass-through, limits, timeouts
+    and health checks as a deployed gateway's front door (max_connections: fewer than the role's where this process
+    may not open the two descriptors a connection that HAProxy needs)."""
+    import re
+
+    import jinja2
+    values = dict(role_defaults(), ansible_managed='scripts/bench_gateway.py', sglang_gateway_host='127.0.0.1',
+                  sglang_gateway_port=front_port, sglang_gateway_backend_port=backend_port,
+                  sglang_gateway_handoff_port=handoff_port, sglang_gateway_tls=tls)
+    if max_connections is not None:
+        values['sglang_gateway_max_connections'] = max_connections
+    values['sglang_gateway_contract'] = {
+        'service': 'bench-gateway', 'handoff_service': 'bench-gateway-handoff', 'front_socket': socket_path,
+        'ready_path': '/health'}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)     # as Ansible's
+    env.filters['bool'] = lambda v: v if isinstance(v, bool) else str(v).lower() in ('1', 'true', 'yes', 'on')
+    with open(os.path.join(GATEWAY_ROLE, 'templates', 'haproxy.cfg.j2')) as fh:
+        text = env.from_string(fh.read()).render(values)
+    return re.sub(r'(?m)^\s+(chroot|user|group)\s.*\n', '', text)
+
+
+def default_haproxy():
+    return shutil.which('haproxy') or '/usr/sbin/haproxy'
 
 
 def argv_of(flags):
@@ -99,9 +166,11 @@ def argv_of(flags):
     return argv
 
 
-def get(url, key=None, timeout=5):
+def get(url, key=None, timeout=5, ca=None):
+    import ssl
     req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + key} if key else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         return resp.status, resp.read()
 
 
@@ -250,6 +319,11 @@ def numbers(text):
         return None
 
 
+def haproxy_version(haproxy):
+    r = subprocess.run(haproxy + ['-v'], capture_output=True, text=True)
+    return (r.stdout.splitlines() or ['?'])[0]
+
+
 def default_smg(python):
     beside = os.path.join(os.path.dirname(python), 'smg')
     if os.path.exists(beside):
@@ -272,6 +346,11 @@ def main():
     ap.add_argument('--emulator', default=EMULATOR, help='the engine emulator (default: scripts/lab/sglang_emulator.py)')
     ap.add_argument('--max-running-requests', type=int, default=1024, help="each engine's (default 1024, the seeds')")
     ap.add_argument('--logs', default=None, help='keep the emulators\' and the gateway\'s logs in this folder')
+    ap.add_argument('--tls', action=argparse.BooleanOptionalAction, default=bool(role_defaults()['sglang_gateway_tls']),
+                    help='HTTPS at the gateway, as the role deploys it (default: the role\'s sglang_gateway_tls)')
+    ap.add_argument('--front', choices=('haproxy', 'none'), default='haproxy',
+                    help='what clients reach: HAProxy in front of smg, as the role deploys it (default), or smg itself')
+    ap.add_argument('--haproxy', default=None, help='HAProxy\'s command (default: haproxy on PATH, /usr/sbin/haproxy)')
     args = ap.parse_args()
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
     if not levels or any(c < 2 or c % 2 for c in levels):
@@ -279,11 +358,19 @@ def main():
     if not client_counts or any(k < 1 or c % k for k in client_counts for c in levels):
         sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency, comma-separated; got {0!r}'.format(
             args.gateway_clients))
-    # thousands of connections: the client, the gateway and the engines each hold one per request
+    # thousands of connections: the client, the gateway and the engines each hold one per request; HAProxy wants two
+    # for each of its sglang_gateway_max_connections. The role's units set LimitNOFILE=1048576: so here where allowed
+    # (root may raise the hard limit), else as far as the hard limit goes.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    want = 1048576 if hard == resource.RLIM_INFINITY else hard
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1048576, 1048576))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1048576 if hard == resource.RLIM_INFINITY else hard, hard))
     smg = args.smg.split() if args.smg else default_smg(args.python)
+    haproxy = (args.haproxy or default_haproxy()).split()
+    if args.front == 'haproxy' and not (shutil.which(haproxy[0]) or os.access(haproxy[0], os.X_OK)):
+        sys.exit('HAProxy not found ({0}): install Debian\'s haproxy, give --haproxy, or --front none to measure smg '
+                 'alone'.format(haproxy[0]))
     flags, version = gateway_flags()
     key, admin = secrets.token_hex(16), secrets.token_hex(16)
     procs = {}
@@ -301,8 +388,30 @@ def main():
         ports = [free_port(), free_port()]
         nodes = ['http://127.0.0.1:{0}'.format(p) for p in ports]
         gw_port, metrics_port = free_port(), free_port()
-        gateway = 'http://127.0.0.1:{0}'.format(gw_port)
+        scheme = 'https' if args.tls else 'http'
+        ca = None
+        if args.tls:
+            cert, cert_key, ca = make_certificate(tmp)
+            flags.update({'tls-cert-path': cert, 'tls-key-path': cert_key})
+        front_port = free_port() if args.front == 'haproxy' else gw_port
+        gateway = '{0}://127.0.0.1:{1}'.format(scheme, front_port)
         files = []
+        if args.front == 'haproxy':       # checked before anything starts
+            cfg = os.path.join(tmp, 'haproxy.cfg')
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            conns = role_defaults()['sglang_gateway_max_connections']
+            if limit != resource.RLIM_INFINITY and 2 * conns + 100 > limit:
+                conns = (limit - 100) // 2
+                print('HAProxy maxconn {0} (the role\'s is {1}): this process may open {2} files'.format(
+                    conns, role_defaults()['sglang_gateway_max_connections'], limit), flush=True)
+                if conns < 2 * max(levels):
+                    sys.exit('too few open files allowed ({0}) for HAProxy at concurrency {1}'.format(limit, max(levels)))
+            with open(cfg, 'w') as fh:
+                fh.write(front_config(front_port, gw_port, free_port(), os.path.join(tmp, 'haproxy.sock'), args.tls,
+                                      None if conns == role_defaults()['sglang_gateway_max_connections'] else conns))
+            check = subprocess.run(haproxy + ['-c', '-f', cfg], capture_output=True, text=True)
+            if check.returncode != 0:
+                sys.exit('haproxy -c refused the front door\'s configuration:\n' + (check.stdout + check.stderr)[-2000:])
         try:
             for i, port in enumerate(ports):
                 log = open(os.path.join(logs, 'emulator{0}.log'.format(i + 1)), 'w')
@@ -322,19 +431,28 @@ def main():
             procs['gateway'] = subprocess.Popen(gw_argv, stdout=log, stderr=subprocess.STDOUT,
                                                 env=dict(os.environ, NO_COLOR='1'))
 
+            if args.front == 'haproxy':
+                log = open(os.path.join(logs, 'haproxy.log'), 'w')
+                files.append(log)
+                procs['haproxy'] = subprocess.Popen(haproxy + ['-W', '-db', '-f', cfg], stdout=log,
+                                                    stderr=subprocess.STDOUT)
+
             def both_healthy():
-                workers = json.loads(get(gateway + '/workers', admin)[1])['workers']
+                workers = json.loads(get(gateway + '/workers', admin, ca=ca)[1])['workers']
                 return len(workers) == 2 and all(w['is_healthy'] for w in workers)
             ready = wait_for('the gateway', both_healthy, procs, 120)
             shown = ' '.join(a if a not in (key, 'glm5:glm5-ops:admin:' + admin) else '***' for a in gw_argv)
             print('gateway smg {0} ready in {1:.1f} s: {2}'.format(version, ready, shown), flush=True)
+            if args.front == 'haproxy':
+                print('front door: HAProxy ({0}) at {1}, TCP through to smg at 127.0.0.1:{2}'.format(
+                    haproxy_version(haproxy), gateway, gw_port), flush=True)
             rows = []
             for c in levels:
                 first = None
                 for k in client_counts:
                     t0 = time.time()
                     rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c,
-                                         args.prompts_per_concurrency, clients=k, direct_run=first))
+                                         args.prompts_per_concurrency, clients=k, direct_run=first, ca=ca))
                     first = first or rows[-1]
                     r = rows[-1]
                     print('concurrency {0}: direct p99 TTFT {1:,.0f} ms, through the gateway ({2} client(s)) {3:,.0f} '
@@ -354,9 +472,10 @@ def main():
             for fh in files:
                 fh.close()
     print('\n{0} CPUs; two engine emulators at the seeds\' pace (--max-running-requests {1}) and smg {2} ({3}), '
-          'random-ids 256/128, {4} prompts per concurrency\n'.format(os.cpu_count(), args.max_running_requests,
-                                                                    version, flags.get('policy'),
-                                                                    args.prompts_per_concurrency))
+          'random-ids 256/128, {4} prompts per concurrency; the clients reach {5} over {6}\n'.format(
+              os.cpu_count(), args.max_running_requests, version, flags.get('policy'), args.prompts_per_concurrency,
+              'HAProxy in front of smg' if args.front == 'haproxy' else 'smg itself',
+              'HTTPS' if args.tls else 'plain HTTP'))
     table(rows)
 
 
