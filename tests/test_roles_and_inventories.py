@@ -38,6 +38,44 @@ def test_every_default_sits_under_a_comment(role):
             assert lines[0].startswith('#'), 'undocumented defaults in {0}: {1}'.format(role, lines[0])
 
 
+def role_includes():
+    """(file, role, tasks_from) of every include_role and import_role that names a tasks file, in the project's plays,
+    roles and scenarios."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if str(key).split('.')[-1] in ('include_role', 'import_role') and isinstance(value, dict) \
+                        and 'tasks_from' in value:
+                    found.append((path, value['name'], value['tasks_from']))
+                walk(value, path)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+    for pattern in ('*.yml', 'roles/*/tasks/*.yml', 'ansible/playbooks/*.yml', 'molecule/*/*.yml'):
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            walk(load(os.path.relpath(path, ROOT)), os.path.relpath(path, ROOT))
+    return found
+
+
+def test_every_entry_point_is_included_by_its_name_so_ansible_checks_its_arguments():
+    """Ansible checks an include's variables against the argument_specs entry point named exactly as its tasks_from:
+    `tasks_from: fleet` is checked against the entry point fleet, `tasks_from: fleet.yml` against none, silently
+    (found 2026-12-05: sglang_smoke's fleet and sglang_env's profile entry points had never been applied)."""
+    includes = role_includes()
+    assert includes, 'no include_role with tasks_from found: the walk is broken'
+    for role in ROLES:
+        points = set(load('roles/{0}/meta/argument_specs.yml'.format(role))['argument_specs']) - {'main'}
+        for point in points:
+            assert os.path.exists(os.path.join(ROOT, 'roles', role, 'tasks', point + '.yml')), (role, point)
+            named = [(f, t) for f, r, t in includes if r == role and t in (point, point + '.yml')]
+            assert named, '{0}: entry point {1} is included nowhere'.format(role, point)
+            wrong = [f for f, t in named if t != point]
+            assert not wrong, '{0}: tasks_from: {1}.yml in {2} skips the argument check (write tasks_from: {1})'.format(
+                role, point, ', '.join(wrong))
+
+
 def inventory(name, *extra):
     out = subprocess.run([os.path.join(BIN, 'ansible-inventory'), '-i', os.path.join(ROOT, 'inventories', name),
                           '--list', *extra], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -218,9 +218,18 @@ TLS_INVENTORY = {'all': {'children': {
     'gateways': {'hosts': {'gw': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable,
                                   'ansible_host': '127.0.0.1',
                                   'sglang_gateway_api_key': KEY, 'sglang_gateway_admin_key': 'admin'}}}}}}
-TLS_PLAY = [{'hosts': 'gateways', 'gather_facts': False, 'tasks': [
-    {'ansible.builtin.include_role': {'name': 'sglang_gateway', 'tasks_from': 'contract.yml'}},
-    {'ansible.builtin.include_role': {'name': 'sglang_gateway', 'tasks_from': 'validate.yml'}}]}]
+
+
+def site_first_play():
+    """site.yml's first play as site.yml has it: the gateway's contract, then the fleet's checks (read-only)."""
+    import yaml
+    with open(os.path.join(ROOT, 'site.yml')) as fh:
+        play = yaml.safe_load(fh)[0]
+    assert play['name'].startswith("The fleet's settings, before anything changes"), play['name']
+    return play
+
+
+TLS_PLAY = [site_first_play()]
 
 
 @pytest.fixture(scope='module')
@@ -284,6 +293,26 @@ def test_the_nodes_firewall_needs_addresses_and_says_so_before_any_change(tls_ch
 ])
 def test_the_front_door_and_both_gateways_have_ports_of_their_own_before_any_change(tls_check, extra, words):
     refused_saying(*tls_check(**extra), words)
+
+
+@pytest.mark.parametrize('extra, words', [
+    # found on make deploy's fleet (2026-12-05): `site.yml --tags smoke -e sglang_smoke_fleet_poll=0` ran both nodes'
+    # production sweeps (22 minutes) before the fleet step refused the 0
+    ({'sglang_smoke_fleet_poll': 0, 'sglang_smoke_fleet_levels': [64, 64], 'sglang_smoke_fleet_ttft_overhead_ms': -1},
+     'The fleet smoke test settings are not usable: sglang_smoke_fleet_levels lists a level twice: [64, 64]; '
+     'sglang_smoke_fleet_ttft_overhead_ms must be a number of ms > 0 (or null: not gated), got -1.0; '
+     'sglang_smoke_fleet_poll must be a whole number of seconds >= 1, got 0. Nothing was changed.'),
+    ({'sglang_smoke_fleet_poll': 'often'}, 'sglang_smoke_fleet_poll'),
+    # numbers as text (-e key=value) are numbers; no levels: the nodes' common top level, known after their tests
+    ({'sglang_smoke_fleet_poll': '2', 'sglang_smoke_fleet_ttft_overhead_ms': '40', 'sglang_smoke_fleet_levels': []},
+     None),
+])
+def test_the_fleet_smoke_tests_own_settings_are_checked_before_any_change(tls_check, extra, words):
+    rc, out = tls_check(**extra)
+    # (the check runs on the controller: delegated to localhost)
+    siterun.refused_saying(rc, out, 'gw -> localhost' if words and words.startswith('The fleet') else 'gw', words)
+    if words == 'sglang_smoke_fleet_poll':      # the entry point's type check (Ansible's words), before the module
+        assert "arg spec 'fleet_settings'" in out and '"\'often\'" cannot be converted to an int' in out, out
 
 
 def test_the_gateways_fact_holds_no_key_even_at_vvv(tmp_path):

@@ -27,24 +27,34 @@ def _positive_int(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def problems(s):
-    """What is wrong with the fleet smoke test's settings, one line each."""
+def gateway_problems(s, levels_given=True):
+    """What is wrong with the fleet smoke test's settings that are set on the gateway (levels, ttft_overhead_ms, poll:
+    sglang_smoke_fleet_*), one line each. levels_given=False: before the nodes' smoke tests (site.yml's first play),
+    where empty levels are the nodes' common top level, known only after them."""
     out = []
     levels = s.get('levels')
-    if not isinstance(levels, list) or not levels or not all(_positive_int(x) for x in levels):
-        out.append('sglang_smoke_fleet_levels must be a non-empty list of per-node concurrencies >= 1, got {0}'.format(
-            json.dumps(levels)))
-    elif len(set(levels)) != len(levels):
-        out.append('sglang_smoke_fleet_levels lists a level twice: {0}'.format(levels))
-    tol = s.get('tolerance')
-    if not is_number(tol) or not 0 < tol <= 1:
-        out.append('the tolerance must be a number in (0, 1], got {0}'.format(json.dumps(tol)))
+    if levels_given or levels:
+        if not isinstance(levels, list) or not levels or not all(_positive_int(x) for x in levels):
+            out.append('sglang_smoke_fleet_levels must be a non-empty list of per-node concurrencies >= 1, got '
+                       '{0}'.format(json.dumps(levels)))
+        elif len(set(levels)) != len(levels):
+            out.append('sglang_smoke_fleet_levels lists a level twice: {0}'.format(levels))
     limit = s.get('ttft_overhead_ms')
     if limit is not None and (not is_number(limit) or limit <= 0):
         out.append('sglang_smoke_fleet_ttft_overhead_ms must be a number of ms > 0 (or null: not gated), got '
                    '{0}'.format(json.dumps(limit)))
     if 'poll' in s and not _positive_int(s['poll']):
         out.append('sglang_smoke_fleet_poll must be a whole number of seconds >= 1, got {0}'.format(json.dumps(s['poll'])))
+    return out
+
+
+def problems(s):
+    """What is wrong with the fleet smoke test's settings, one line each: the gateway's (gateway_problems), the
+    nodes' tolerance, and the nodes themselves."""
+    out = gateway_problems(s)
+    tol = s.get('tolerance')
+    if not is_number(tol) or not 0 < tol <= 1:
+        out.append('the tolerance must be a number in (0, 1], got {0}'.format(json.dumps(tol)))
     nodes = s.get('nodes')
     if not isinstance(nodes, list) or not nodes:
         out.append('the gateway has no nodes whose smoke test ran in this play: nothing to judge the fleet against')

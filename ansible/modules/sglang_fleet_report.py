@@ -11,6 +11,9 @@ description:
     sweep's plan (C(plan)) - at each per-node level c every node is driven directly at c, all at once, then the same
     clients (one on each node) through the gateway at c each (c x nodes in all); each client sends
     C(prompts_each), as many prompts as the node's smoke test sends per concurrency.
+  - C(action=validate_gateway) checks only the settings set on the gateway (C(levels), C(ttft_overhead_ms),
+    C(poll)) before any node's smoke test - in site.yml's first play, so that a bad value is said before anything
+    changes. It changes nothing.
   - C(action=report) reads a run folder (the result lines the sglang_bench module wrote, one file a client -
     C(direct-NODE.jsonl) at the node's own engine, C(gateway-NODE.jsonl) through the gateway from that node), applies
     the gates (every request completed, directly and through the gateway; total tok/s through it, the clients
@@ -20,11 +23,16 @@ description:
     history's C(index.jsonl), C(index.md) and C(trend.png).
   - Needs matplotlib (requirements.txt) where it runs.
 options:
-  action: {description: validate or report., type: str, choices: [validate, report], default: report}
+  action:
+    description: validate_gateway, validate or report.
+    type: str
+    choices: [validate_gateway, validate, report]
+    default: report
   settings:
     description: >-
       levels (per node), input_len, output_len, range_ratio, prompts_per_concurrency, min_prompts, tolerance,
-      ttft_overhead_ms, nodes ([{name, url, flags_sha256, baseline, speed_factor}]).
+      ttft_overhead_ms, poll, nodes ([{name, url, flags_sha256, baseline, speed_factor}]). With C(action=validate_gateway)
+      only levels (empty - the nodes' common top level), ttft_overhead_ms and poll.
     type: dict
     required: true
   run_id: {description: The run's name (its folder's)., type: str}
@@ -67,7 +75,7 @@ summary: {description: summary.json's content., returned: action=report, type: d
 '''
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.glm5_fleet import problems, sweep_plan, write
+from ansible.module_utils.glm5_fleet import gateway_problems, problems, sweep_plan, write
 
 RUN_KEYS = ('concurrency', 'prompts', 'line', 'exit_code', 'error', 'engine', 'seconds')
 
@@ -97,7 +105,7 @@ def sweep_item(item, planned):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type='str', choices=['validate', 'report'], default='report'),
+            action=dict(type='str', choices=['validate_gateway', 'validate', 'report'], default='report'),
             settings=dict(type='dict', required=True),
             run_id=dict(type='str'),
             started=dict(type='str'),
@@ -111,6 +119,12 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    if p['action'] == 'validate_gateway':
+        found = gateway_problems(p['settings'], levels_given=False)
+        if found:
+            module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found)
+                             + '. Nothing was changed.', problems=found)
+        module.exit_json(changed=False)
     found = problems(p['settings'])
     if found:
         module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found) + '. Nothing was run.',
