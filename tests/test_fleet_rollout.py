@@ -13,6 +13,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -187,6 +188,15 @@ def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_nod
     print('failing rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
 
 
+def prometheus(expr):
+    """The one value of a PromQL expression on the lane's Prometheus (the monitoring container), now."""
+    url = 'http://127.0.0.1:{0}/api/v1/query?{1}'.format(
+        NodeVars(scenario_inventory().host_vars(MONITOR))['prometheus_port'], urllib.parse.urlencode({'query': expr}))
+    with urllib.request.urlopen(url, timeout=10) as r:
+        (series,) = json.load(r)['data']['result']
+    return float(series['value'][1])
+
+
 def fleet_runs():
     """The gateway's fleet smoke-test runs, as its bench history's index lists them."""
     path = os.path.join(hv(GATEWAY)['pve_container_bench_history_dir'], 'index.jsonl')
@@ -235,6 +245,9 @@ def test_a_flag_change_with_a_second_key_rolls_one_node_at_a_time_under_load_wit
     assert after[first][1] < after[second][1]
     assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
     assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
+    # the gateway's second smg served during the hand-off, and Prometheus scraped it then (its own job); now it is down
+    assert prometheus('max_over_time(up{{job="glm5-gateway-handoff"}}[{0}s])'.format(round(took) + 120)) == 1
+    assert prometheus('up{job="glm5-gateway-handoff"}') == 0
     # then the fleet smoke test through the gateway: swept (its nodes changed) and passed, both nodes counted
     new = fleet_runs()[len(fleet_before):]
     assert len(new) == 1 and new[0]['passed'] and sorted(new[0]['nodes']) == sorted(NODES), new

@@ -41,7 +41,7 @@ HOSTVARS = {
 
 def scrape(groups=GROUPS, hostvars=HOSTVARS):
     workers = sglang_fleet_workers(groups['inference_nodes'], hostvars, defaults('sglang_service'))
-    return prometheus_scrape(groups, hostvars, workers, defaults('sglang_smoke'))
+    return prometheus_scrape(groups, hostvars, workers, defaults('sglang_smoke'), defaults('sglang_gateway'))
 
 
 def render(name, dest, gpu_hosts=None, **extra):
@@ -71,7 +71,18 @@ def test_the_scrape_targets_come_from_the_inventory():
         ('n1', 'http', '10.0.0.1:30000', 'pve1'), ('n2', 'http', '10.0.0.2:30000', 'pve1')]
     # n1 the smoke test's floor (1,240 output tok/s at 1,024 x tolerance 0.9), n2 its own
     assert [e['min_output_tok_s'] for e in s['engines']] == [1116.0, 500.0]
-    assert s['gateways'] == [{'gateway': 'gw', 'target': '10.0.0.9:29000', 'nodes': ['n1', 'n2']}]
+    # the second smg's metrics (the hand-off's) at the role's default port
+    assert s['gateways'] == [{'gateway': 'gw', 'target': '10.0.0.9:29000', 'handoff_target': '10.0.0.9:29001',
+                              'nodes': ['n1', 'n2']}]
+
+
+def test_a_gateway_without_its_metrics_ports_in_the_inventory_is_scraped_at_the_roles_defaults():
+    """A production inventory that adds a gateway without setting its metrics ports (the role's defaults serve it):
+    Prometheus' check refused it, 'sglang_gateway_metrics_port is not set', where the gateway ran on 29000."""
+    hv = dict(HOSTVARS, gw={'ansible_host': '10.0.0.9', 'sglang_gateway_handoff_metrics_port': 9001})
+    s = scrape(hostvars=hv)
+    assert s['problems'] == [] and s['gateways'] == [{'gateway': 'gw', 'target': '10.0.0.9:29000',
+                                                      'handoff_target': '10.0.0.9:9001', 'nodes': ['n1', 'n2']}]
     assert s['pve_hosts'] == [{'host': 'pve1', 'gpus': 8, 'target': '10.0.0.5:9100'}]
 
 
@@ -92,7 +103,6 @@ def test_the_floor_follows_the_smoke_tests_speed_factor_and_baseline():
 @pytest.mark.parametrize('change, problem', [
     ({'n2': {'sglang_gateway_worker_url': 'n2-without-a-port'}}, "n2: its engine URL 'n2-without-a-port' has no"),
     ({'n2': {'prometheus_engine_min_output_tok_s': 0}}, 'n2: prometheus_engine_min_output_tok_s must be > 0'),
-    ({'gw': {'sglang_gateway_metrics_port': None}}, 'gw: sglang_gateway_metrics_port is not set'),
     ({'n1': {'sglang_service_host': '127.0.0.1'}}, 'n1: its sglang listens on 127.0.0.1 only (sglang_service_host)'),
 ])
 def test_bad_inventory_is_named(change, problem):
@@ -126,6 +136,8 @@ def test_promtool_accepts_the_configuration_and_the_rules(tmp_path):
     assert [t['targets'] for t in jobs['glm5-engine']['static_configs']] == [['10.0.0.1:30000'], ['10.0.0.2:30000']]
     assert jobs['glm5-engine']['static_configs'][0]['labels'] == {'node': 'n1', 'pve_host': 'pve1', '__scheme__': 'http'}
     assert jobs['glm5-gateway']['static_configs'] == [{'targets': ['10.0.0.9:29000'], 'labels': {'gateway': 'gw'}}]
+    assert jobs['glm5-gateway-handoff']['static_configs'] == [{'targets': ['10.0.0.9:29001'],
+                                                              'labels': {'gateway': 'gw'}}]
     assert jobs['glm5-gpu']['static_configs'] == [{'targets': ['10.0.0.5:9100'], 'labels': {'pve_host': 'pve1'}}]
 
 

@@ -42,10 +42,12 @@ def _target(url):
     return parts.scheme, '{0}:{1}'.format(host, port)
 
 
-def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
-    """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, nodes}],
-    pve_hosts: [{host, gpus, target}] (those with the GPU metrics: roles/gpu_metrics), problems: [...]}.
-    workers: sglang_fleet_workers over the inference nodes."""
+def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_defaults):
+    """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, handoff_target,
+    nodes}], pve_hosts: [{host, gpus, target}] (those with the GPU metrics: roles/gpu_metrics), problems: [...]}.
+    workers: sglang_fleet_workers over the inference nodes; gateway_defaults: sglang_gateway's role defaults (the
+    metrics ports a gateway has when its inventory sets none). A gateway's handoff_target is the metrics port of its
+    second smg, which serves only while the first restarts (sglang_gateway's tasks/handoff.yml)."""
     out = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
     for w in workers:
         if not w.get('known'):
@@ -69,12 +71,11 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults):
                                'pve_host': str(_get(hv, 'pve_container_pve_host', ''))})
     for name in groups.get('gateways', []):
         hv = hostvars[name]
-        port = _get(hv, 'sglang_gateway_metrics_port', None)
         address = _get(hv, 'ansible_host', name)
-        if port is None:
-            out['problems'].append('{0}: sglang_gateway_metrics_port is not set'.format(name))
-            continue
-        out['gateways'].append({'gateway': name, 'target': '{0}:{1}'.format(address, port),
+        ports = [_get(hv, v, gateway_defaults.get(v)) for v in ('sglang_gateway_metrics_port',
+                                                                 'sglang_gateway_handoff_metrics_port')]
+        out['gateways'].append({'gateway': name, 'target': '{0}:{1}'.format(address, ports[0]),
+                                'handoff_target': '{0}:{1}'.format(address, ports[1]),
                                 'nodes': list(_get(hv, 'sglang_gateway_nodes', groups.get('inference_nodes', [])))})
     for name in groups.get('pve_hosts', []):
         hv = hostvars[name]
