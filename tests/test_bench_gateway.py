@@ -1,8 +1,12 @@
 """scripts/bench_gateway.py's arithmetic (the benchmark itself runs by hand: docs/operations.md): its p99 is
 bench_serving's (numpy's percentile), and the overhead compares all the requests of each side's clients together."""
 import random
+import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 
 import bench_gateway
 import numpy
@@ -98,3 +102,53 @@ def test_bad_input_is_one_line_naming_the_option_before_anything_starts(args, op
     assert p.returncode != 0
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(option + ': '), p.stderr
     assert p.stdout == ''                   # nothing started (the gateway's line comes first when it does)
+
+
+def test_the_front_door_is_the_roles_haproxy_file_less_what_needs_its_package(tmp_path):
+    """The bench's HAProxy runs the role's own templates/haproxy.cfg.j2 (its defaults, the bench's ports): TCP
+    through to smg, the role's connection limit, TLS health checks when smg serves HTTPS - less chroot, user and
+    group, which need Debian's package."""
+    text = bench_gateway.front_config(8443, 9001, 9002, str(tmp_path / 'admin.sock'), True)
+    lines = [line.strip() for line in text.splitlines()]
+    assert 'mode tcp' in lines and 'bind 127.0.0.1:8443' in lines and 'maxconn 20000' in lines, text
+    assert 'server primary 127.0.0.1:9001 check inter 1s fall 2 rise 1 check-ssl verify none' in lines, text
+    assert 'server handoff 127.0.0.1:9002 check inter 1s fall 2 rise 1 check-ssl verify none disabled' in lines, text
+    assert 'stats socket {0} mode 600 level admin expose-fd listeners'.format(tmp_path / 'admin.sock') in lines
+    assert not [x for x in lines if x.split(' ')[0] in ('chroot', 'user', 'group')], text
+    assert text.endswith('\n')                  # HAProxy refuses a last line without one
+    plain = bench_gateway.front_config(8443, 9001, 9002, 'sock', False, max_connections=900)
+    assert 'check-ssl' not in plain and 'maxconn 900' in plain and 'maxconn 20000' not in plain
+
+
+@pytest.mark.skipif(not shutil.which('openssl'), reason='no openssl on this machine')
+def test_the_gateways_certificate_is_trusted_through_the_ca_for_127_0_0_1(tmp_path):
+    """make_certificate's CA and certificate, as the bench's clients meet them: a TLS handshake for 127.0.0.1
+    that checks the certificate against the CA succeeds; against another CA it fails."""
+    cert, key, ca = bench_gateway.make_certificate(str(tmp_path))
+
+    def handshake(cafile):
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(cert, key)
+        client = ssl.create_default_context(cafile=cafile)
+        a, b = socket.socketpair()
+        errors = []
+
+        def serve():
+            try:
+                with server.wrap_socket(a, server_side=True) as s:
+                    s.recv(1)
+            except (ssl.SSLError, OSError) as exc:
+                errors.append(exc)
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            with client.wrap_socket(b, server_hostname='127.0.0.1') as c:
+                c.sendall(b'x')
+                return c.getpeercert()['subjectAltName']
+        finally:
+            t.join(10)
+    assert ('IP Address', '127.0.0.1') in handshake(ca)
+    other = tmp_path / 'other'
+    other.mkdir()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(bench_gateway.make_certificate(str(other))[2])
