@@ -333,6 +333,7 @@ def default_smg(python):
 
 
 def main():
+    defaults = role_defaults()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--concurrency', default='1024',
                     help='through the gateway, comma-separated (C/2 a node directly; default 1024)')
@@ -346,7 +347,7 @@ def main():
     ap.add_argument('--emulator', default=EMULATOR, help='the engine emulator (default: scripts/lab/sglang_emulator.py)')
     ap.add_argument('--max-running-requests', type=int, default=1024, help="each engine's (default 1024, the seeds')")
     ap.add_argument('--logs', default=None, help='keep the emulators\' and the gateway\'s logs in this folder')
-    ap.add_argument('--tls', action=argparse.BooleanOptionalAction, default=bool(role_defaults()['sglang_gateway_tls']),
+    ap.add_argument('--tls', action=argparse.BooleanOptionalAction, default=bool(defaults['sglang_gateway_tls']),
                     help='HTTPS at the gateway, as the role deploys it (default: the role\'s sglang_gateway_tls)')
     ap.add_argument('--front', choices=('haproxy', 'none'), default='haproxy',
                     help='what clients reach: HAProxy in front of smg, as the role deploys it (default), or smg itself')
@@ -399,16 +400,16 @@ def main():
         if args.front == 'haproxy':       # checked before anything starts
             cfg = os.path.join(tmp, 'haproxy.cfg')
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            conns = role_defaults()['sglang_gateway_max_connections']
+            conns = defaults['sglang_gateway_max_connections']
             if limit != resource.RLIM_INFINITY and 2 * conns + 100 > limit:
                 conns = (limit - 100) // 2
                 print('HAProxy maxconn {0} (the role\'s is {1}): this process may open {2} files'.format(
-                    conns, role_defaults()['sglang_gateway_max_connections'], limit), flush=True)
+                    conns, defaults['sglang_gateway_max_connections'], limit), flush=True)
                 if conns < 2 * max(levels):
                     sys.exit('too few open files allowed ({0}) for HAProxy at concurrency {1}'.format(limit, max(levels)))
             with open(cfg, 'w') as fh:
                 fh.write(front_config(front_port, gw_port, free_port(), os.path.join(tmp, 'haproxy.sock'), args.tls,
-                                      None if conns == role_defaults()['sglang_gateway_max_connections'] else conns))
+                                      conns))
             check = subprocess.run(haproxy + ['-c', '-f', cfg], capture_output=True, text=True)
             if check.returncode != 0:
                 sys.exit('haproxy -c refused the front door\'s configuration:\n' + (check.stdout + check.stderr)[-2000:])

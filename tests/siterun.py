@@ -151,6 +151,21 @@ def refused_saying(rc, out, host, words):
         assert rc != 0 and 'fatal: [{0}]'.format(host) in out and words in out, out
 
 
+def stack_monitor():
+    """The full-stack lane's monitoring host (molecule/default's hosts_fleet.yml) -> (name, its NodeVars)."""
+    (name,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
+    return name, NodeVars(scenario_inventory().host_vars(name))
+
+
+def prometheus_api(url, path):
+    """GET <url><path> of Prometheus' HTTP API -> the answer's data (its status 'success' asserted)."""
+    import urllib.request
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        body = json.load(r)
+    assert body['status'] == 'success', body
+    return body['data']
+
+
 def _names(path, group):
     import yaml
     with open(path) as fh:

@@ -23,14 +23,13 @@ from glm5_lab.paths import paths
 from siterun import (
     FLEET_NEXT_KEY,
     ROLLOUT_SMOKE,
-    ROOT,
-    NodeVars,
-    _names,
     node_ssh,
+    prometheus_api,
     scenario_fleet_inventory,
     scenario_hosts,
     scenario_inventory,
     site,
+    stack_monitor,
 )
 
 pytestmark = pytest.mark.stack
@@ -38,8 +37,8 @@ pytestmark = pytest.mark.stack
 HOSTS = scenario_hosts('default')
 NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
-(MONITOR,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
-MONITOR_ADDRESS = NodeVars(scenario_inventory().host_vars(MONITOR))['ansible_host']
+MONITOR, MONITOR_VARS = stack_monitor()
+MONITOR_ADDRESS = MONITOR_VARS['ansible_host']
 
 
 def hv(host):
@@ -159,8 +158,7 @@ def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(
         assert int(options['enable']) == 1 and options['policy_in'] == 'ACCEPT', (node, options)
     gateway = lab_api.nodes(hv(GATEWAY)['pve_container_node']).lxc(hv(GATEWAY)['pve_container_vmid'])
     assert gateway.firewall.rules.get() == []       # not a node: its firewall is left as it is
-    monitor = lab_api.nodes(NodeVars(scenario_inventory().host_vars(MONITOR))['pve_container_node']).lxc(
-        NodeVars(scenario_inventory().host_vars(MONITOR))['pve_container_vmid'])
+    monitor = lab_api.nodes(MONITOR_VARS['pve_container_node']).lxc(MONITOR_VARS['pve_container_vmid'])
     assert monitor.firewall.rules.get() == []       # nor Prometheus' (no pve_container_open_ports in the lab)
 
 
@@ -190,10 +188,8 @@ def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_nod
 
 def prometheus(expr):
     """The one value of a PromQL expression on the lane's Prometheus (the monitoring container), now."""
-    url = 'http://127.0.0.1:{0}/api/v1/query?{1}'.format(
-        NodeVars(scenario_inventory().host_vars(MONITOR))['prometheus_port'], urllib.parse.urlencode({'query': expr}))
-    with urllib.request.urlopen(url, timeout=10) as r:
-        (series,) = json.load(r)['data']['result']
+    (series,) = prometheus_api('http://127.0.0.1:{0}'.format(MONITOR_VARS['prometheus_port']),
+                               '/api/v1/query?' + urllib.parse.urlencode({'query': expr}))['result']
     return float(series['value'][1])
 
 

@@ -12,15 +12,14 @@ import time
 import urllib.request
 
 import pytest
-from siterun import ROOT, NodeVars, _names, node_ssh, scenario_fleet_inventory, scenario_hosts, scenario_inventory
+from siterun import node_ssh, prometheus_api, scenario_fleet_inventory, scenario_hosts, stack_monitor
 
 pytestmark = pytest.mark.stack
 
 HOSTS = scenario_hosts('default')
 NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
-(PROM,) = _names(os.path.join(ROOT, 'molecule', 'default', 'inventory', 'hosts_fleet.yml'), 'monitoring')
-PROM_VARS = NodeVars(scenario_inventory().host_vars(PROM))
+PROM, PROM_VARS = stack_monitor()
 URL = 'http://127.0.0.1:{0}'.format(PROM_VARS['prometheus_port'])
 
 
@@ -34,10 +33,7 @@ def fleet_inventory(tmp_path_factory):
 
 
 def api(path):
-    with urllib.request.urlopen(URL + path, timeout=10) as r:
-        body = json.load(r)
-    assert body['status'] == 'success', body
-    return body['data']
+    return prometheus_api(URL, path)
 
 
 def until(what, check, timeout):

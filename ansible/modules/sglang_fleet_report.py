@@ -119,16 +119,13 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p['action'] == 'validate_gateway':
-        found = gateway_problems(p['settings'], levels_given=False)
-        if found:
-            module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found)
-                             + '. Nothing was changed.', problems=found)
-        module.exit_json(changed=False)
-    found = problems(p['settings'])
+    gateway_only = p['action'] == 'validate_gateway'
+    found = gateway_problems(p['settings'], levels_given=False) if gateway_only else problems(p['settings'])
     if found:
-        module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found) + '. Nothing was run.',
-                         problems=found)
+        module.fail_json(msg='The fleet smoke test settings are not usable: ' + '; '.join(found)
+                         + ('. Nothing was changed.' if gateway_only else '. Nothing was run.'), problems=found)
+    if gateway_only:
+        module.exit_json(changed=False)
     plan = sweep_plan(p['settings'])
     if p['action'] == 'validate' or module.check_mode:
         module.exit_json(changed=False, plan=plan)
