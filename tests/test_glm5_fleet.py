@@ -117,6 +117,8 @@ def test_arguments():
     p = cli.parser()
     a = p.parse_args(['drain', 'glm5-lab2', '--timeout', '30'])
     assert (a.command, a.target, a.timeout) == ('drain', 'glm5-lab2', 30)
+    assert not a.force and p.parse_args(['drain', 'glm5-lab2', '--force']).force
+    assert p.parse_args(['restart', '--force']).force and not p.parse_args(['restart']).force
     a = p.parse_args(['-n', 'glm5-lab', 'undrain', '--json'])
     assert (a.command, a.target, a.node, a.timeout, a.json) == ('undrain', None, 'glm5-lab', None, True)
     assert p.parse_args(['fleet', '-g', 'gw2']).gateway == 'gw2'
@@ -374,6 +376,33 @@ def test_a_restart_leaves_and_rejoins_unrecorded_and_an_operators_drain_stays(la
             assert json.load(fh) == [mark]
     finally:
         assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
+
+
+@pytest.mark.sglang
+def test_the_last_node_serving_is_not_taken_out_unless_forced(lab):
+    """glm5 drain (and glm5 restart's leave) of the last node serving through the gateway, the other drained: refused
+    before anything changes, saying why (the role's own check, sglang_leave_problem); --force takes it out."""
+    path = lab.contract['drained_file']
+    assert fleet.drain([lab.gw], lab.node['n2'], 60, lambda text: None)['drained']
+    try:
+        with open(path) as fh:
+            before = fh.read()
+        for record in (True, False):
+            with pytest.raises(OpsError) as err:
+                fleet.drain([lab.gw], lab.node['n1'], 60, lambda text: None, record=record)
+            assert str(err.value) == (
+                'n1 is the last node serving through gw (n2: out of it): without it every request through gw fails '
+                'until it is back: nothing was changed; undrain another node first, or --force')
+        assert state(lab)[0] == {'n1': (True, True, False), 'n2': (False, None, True)}
+        with open(path) as fh:
+            assert fh.read() == before
+        said = []
+        assert fleet.drain([lab.gw], lab.node['n1'], 60, said.append, force=True)['drained']
+        assert said[0] == 'n1: out of gw ({0}), marked drained'.format(lab.engines[0].url), said
+        assert state(lab)[0] == {'n1': (False, None, True), 'n2': (False, None, True)}
+    finally:
+        for n in ('n1', 'n2'):
+            assert fleet.undrain([lab.gw], lab.node[n], 60, lambda text: None)['healthy']
 
 
 @pytest.mark.sglang

@@ -10,7 +10,13 @@ import sys
 import pytest
 import sglang_gateway_args
 import siterun
-from sglang_fleet import sglang_fleet_problems, sglang_fleet_workers, sglang_in_flight, sglang_serving_workers
+from sglang_fleet import (
+    sglang_fleet_problems,
+    sglang_fleet_workers,
+    sglang_in_flight,
+    sglang_leave_problem,
+    sglang_serving_workers,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULTS = {'sglang_service_port': 30000, 'sglang_service_host': '127.0.0.1'}
@@ -344,6 +350,47 @@ def test_the_serving_workers_are_healthy_and_under_a_model():
                {'url': 'http://d:1', 'model_id': 'glm-5'}]
     assert sglang_serving_workers(workers) == ['http://a:1']
     assert sglang_serving_workers([]) == sglang_serving_workers(None) == []
+
+
+LEAVERS = [{'node': 'a', 'url': 'http://a:1'}, {'node': 'b', 'url': 'http://b:1'}, {'node': 'c', 'url': 'http://c:1'}]
+
+
+def _worker(url, healthy=True, model='glm-5', status='ready'):
+    return {'url': url, 'is_healthy': healthy, 'model_id': model, 'status': status}
+
+
+@pytest.mark.parametrize('workers,words', [
+    ([_worker('http://a:1'), _worker('http://b:1', False, status='draining')],
+     'a is the last node serving through gw (b: unhealthy there (status draining); c: out of it): without it every '
+     'request through gw fails until it is back'),
+    ([_worker('http://a:1/'), _worker('http://b:1', model='unknown')],
+     'a is the last node serving through gw (b: there under the model unknown (it refuses the key the gateway was '
+     'given); c: out of it)'),
+])
+def test_the_last_node_serving_may_not_leave_naming_the_others(workers, words):
+    """A node leaving (a deploy's restart, glm5 drain) while no other node of the gateway serves there: refused, each
+    other node's state said (out, unhealthy, refusing the key)."""
+    assert words in sglang_leave_problem(workers, 'http://a:1', 'gw', 'a', LEAVERS)
+
+
+@pytest.mark.parametrize('workers,worker,others', [
+    ([_worker('http://a:1'), _worker('http://c:1')], 'http://a:1', LEAVERS),           # c serves
+    ([_worker('http://b:1')], 'http://a:1', LEAVERS),                                 # a is out: leaving changes nothing
+    ([_worker('http://a:1', False), _worker('http://b:1', False)], 'http://a:1', LEAVERS),  # a serves nothing either
+    ([_worker('http://a:1')], 'http://a:1', LEAVERS[:1]),                             # a gateway of one node
+])
+def test_a_node_may_leave_when_another_serves_or_it_serves_nothing(workers, worker, others):
+    assert sglang_leave_problem(workers, worker, 'gw', 'a', others) == ''
+
+
+def test_after_leaving_nobody_else_serving_is_said_as_a_race():
+    """The list after the node's removal (left=True): it is not in it; nobody else serving means another run took the
+    others out at the same time (or they failed) - said so; someone serving is fine."""
+    said = sglang_leave_problem([_worker('http://b:1', False, status='draining')], 'http://a:1', 'gw', 'a', LEAVERS,
+                                left=True)
+    assert said.startswith('once a left gw, no node served there (b: unhealthy there (status draining); c: out of it), '
+                           'though one did when it checked - another run took it out at the same time'), said
+    assert sglang_leave_problem([_worker('http://c:1')], 'http://a:1', 'gw', 'a', LEAVERS, left=True) == ''
 
 
 def test_in_flight_is_running_and_waiting_over_every_rank():

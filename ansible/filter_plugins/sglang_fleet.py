@@ -126,6 +126,43 @@ def sglang_serving_workers(workers):
             and w.get('model_id') != 'unknown' and w.get('url')]
 
 
+def _worker_state(workers, url):
+    """What a gateway's worker list says of one worker URL: 'serves', or why it does not."""
+    listed = [w for w in workers or [] if isinstance(w, dict) and str(w.get('url') or '').rstrip('/') == url]
+    if not listed:
+        return 'out of it'
+    if url in [u.rstrip('/') for u in sglang_serving_workers(listed)]:
+        return 'serves'
+    if not listed[0].get('is_healthy'):
+        return 'unhealthy there (status {0})'.format(listed[0].get('status') or '?')
+    return 'there under the model unknown (it refuses the key the gateway was given)'
+
+
+def sglang_leave_problem(workers, worker, gateway, node, others, left=False):
+    """Why node may not leave gateway now, or '' when it may: it is the last node serving there while the gateway has
+    others - every request through the gateway would fail until it is back.
+
+    workers: the gateway's worker list (GET /workers) before the node's removal; left=True: after it (another run took
+    the other nodes out at the same time - a second operator, a batch of several nodes - or they failed meanwhile);
+    worker: the node's worker URL; others: the gateway's nodes ([{node, url}], from its contract; the node itself is
+    left out). A node that does not serve there changes nothing by leaving; a gateway of one node
+    (sglang_gateway_allow_single_node) has no other node to keep serving."""
+    worker = str(worker or '').rstrip('/')
+    others = [o for o in others or [] if o.get('node') != node]
+    if not others or (not left and _worker_state(workers, worker) != 'serves'):
+        return ''
+    states = [(o['node'], _worker_state(workers, str(o.get('url') or '').rstrip('/'))) for o in others]
+    if any(state == 'serves' for _, state in states):
+        return ''
+    said = '; '.join('{0}: {1}'.format(n, s) for n, s in states)
+    if left:
+        return 'once {0} left {1}, no node served there ({2}), though one did when it checked - another run took ' \
+               'it out at the same time, or it failed: every request through {1} would fail until {0} is ' \
+               'back'.format(node, gateway, said)
+    return '{0} is the last node serving through {1} ({2}): without it every request through {1} fails until it is ' \
+           'back'.format(node, gateway, said)
+
+
 def sglang_in_flight(loads):
     """The requests an engine has in flight - running and waiting, over its data-parallel ranks - from the 'loads' list
     of sglang's load report (GET /v1/loads)."""
@@ -136,4 +173,5 @@ def sglang_in_flight(loads):
 class FilterModule(object):
     def filters(self):
         return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
-                'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight}
+                'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight,
+                'sglang_leave_problem': sglang_leave_problem}

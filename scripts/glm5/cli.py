@@ -10,14 +10,18 @@
                                   sglang_smoke role, its report folder), a progress bar per level
     glm5 history                  the node's runs in the bench history
     glm5 compare [RUN [RUN]]      two runs side by side (table + plot), the last two by default
-    glm5 restart                  graceful: the unit drains and stops, starts, and /health_generate answers
+    glm5 restart [--force]        graceful: the unit drains and stops, starts, and /health_generate answers;
+                                  behind a gateway, the last node serving there is refused unless --force
     glm5 fleet [-g GATEWAY]       the gateway's view: a row per node (worker URL, healthy, status, requests in flight
                                   through the gateway, circuit breaker, drained by an operator), nodes it does not
                                   route to marked out; exit 1 when a node that is not drained is out or unhealthy
-    glm5 drain NODE [--timeout S] take NODE out of every gateway in front of it and mark it drained there (a deploy
+    glm5 drain NODE [--timeout S] [--force]
+                                  take NODE out of every gateway in front of it and mark it drained there (a deploy
                                   leaves it out, a gateway restart takes it out again), then wait until its own
                                   in-flight requests are done (default: sglang_gateway_drain_timeout, 900 s); exit 1
-                                  when they are not (it stays drained). Draining a drained node says so.
+                                  when they are not (it stays drained). Draining a drained node says so; the last
+                                  node serving through a gateway (the others out or unhealthy) is refused, nothing
+                                  changed, unless --force (or the gateway's sglang_gateway_allow_outage)
     glm5 undrain NODE [--timeout S]
                                   no longer drained, back into every gateway in front of it (with the node's key, read
                                   on the node), and healthy there (default: sglang_gateway_join_timeout, 120 s)
@@ -121,6 +125,8 @@ def parser():
     c.add_argument('--out', help='where the plot goes (default: ./glm5-compare-A-vs-B.png)')
     r = sub.add_parser('restart', parents=[common], help='graceful restart: drain, stop, start, ready')
     r.add_argument('--timeout', type=int, help='seconds to wait for readiness (default: sglang_service_ready_timeout)')
+    r.add_argument('--force', action='store_true',
+                   help='restart it even when it is the last node serving through its gateway')
     f = sub.add_parser('fleet', parents=[common], help="the gateway's view of the nodes")
     f.add_argument('-g', '--gateway', help='a host of gateways (default: the only one)')
     for what, default, text in (('drain', 'sglang_gateway_drain_timeout', 'out of the gateways, in-flight requests done'),
@@ -129,6 +135,9 @@ def parser():
         d.add_argument('target', nargs='?', metavar='NODE', help='the inference node (or -n NODE)')
         d.add_argument('--timeout', type=_number(int, 1, '--timeout'),
                        help='seconds to wait (default: {0})'.format(default))
+        if what == 'drain':
+            d.add_argument('--force', action='store_true',
+                           help='drain it even when it is the last node serving through its gateway')
     return p
 
 

@@ -93,7 +93,8 @@ def _membership(args, inv, what, timeout_var, act, done_key, error):
 
 
 def cmd_drain(args, inv):
-    return _membership(args, inv, 'drain', 'sglang_gateway_drain_timeout', fleet.drain, 'drained', fleet.drain_error)
+    return _membership(args, inv, 'drain', 'sglang_gateway_drain_timeout',
+                       lambda *a: fleet.drain(*a, force=args.force), 'drained', fleet.drain_error)
 
 
 def cmd_undrain(args, inv):
@@ -306,7 +307,7 @@ def cmd_restart(args, inv):
         node.lock('glm5 restart')
         if gws:
             drain_timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout')
-            left = fleet.drain(gws, node, drain_timeout, say, record=False)
+            left = fleet.drain(gws, node, drain_timeout, say, record=False, force=args.force)
             if not left['drained']:
                 back = fleet.undrain(gws, node, _gateway_timeout(args, gws, 'sglang_gateway_join_timeout'), say,
                                      record=False)

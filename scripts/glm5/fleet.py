@@ -421,10 +421,23 @@ def _wait(check, timeout, interval):
         time.sleep(interval)
 
 
-def drain(gws, node, timeout, say, interval=2, record=True):
+def last_serving(gws, node):
+    """Why node may not leave its gateways now ('' when it may): the last node serving through one of them while it
+    has others (the role's own check, the sglang_leave_problem filter); a gateway whose sglang_gateway_allow_outage
+    is true lets it."""
+    check = filter_plugin('sglang_leave_problem')
+    return '; '.join(p for p in (check(gw.workers(), gw.worker_url(node.name), gw.name, node.name, gw.nodes)
+                                 for gw in gws if not gw.contract.get('allow_outage')) if p)
+
+
+def drain(gws, node, timeout, say, interval=2, record=True, force=False):
     """Take node out of each gateway (recorded first in its drained file, so that a deploy or a gateway restart keeps
     it out), then wait up to timeout s for its in-flight requests to finish. node: name, ssh, contract.
-    record False (glm5 restart): out for a moment, not recorded as an operator's drain."""
+    record False (glm5 restart): out for a moment, not recorded as an operator's drain. The last node serving through
+    a gateway is refused before anything changes (last_serving) unless force."""
+    problem = '' if force else last_serving(gws, node)
+    if problem:
+        raise OpsError('{0}: nothing was changed; undrain another node first, or --force'.format(problem))
     entry = {'node': node.name, 'since': _now(), 'by': '{0}@{1}'.format(getpass.getuser(), socket.gethostname())}
     res = {'node': node.name, 'gateways': [], 'drained': False}
     for gw in gws:
