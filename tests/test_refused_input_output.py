@@ -20,3 +20,29 @@ def test_a_refused_role_input_is_the_error_line_not_the_whole_spec(tmp_path):
         in run.out, run
     assert 'argument_spec_data' not in run.raw and 'sglang_smoke_baseline' not in run.raw, run   # the spec's options
     assert len(run.raw.splitlines()) < 30, run
+
+
+WAIT = """- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Wait | the flag file
+      ansible.builtin.command:
+        argv: [test, -e, {0}]
+      register: flag
+      changed_when: false
+      until: flag.rc == 0
+      retries: 2
+      delay: 0
+"""
+
+
+def test_a_task_that_asks_again_says_waiting_not_failed(tmp_path):
+    """until/retries (a service becoming ready, a node leaving the gateway): each try is "waiting", not "FAILED -
+    RETRYING"; the task fails, said as a failure, once its tries run out."""
+    playbook = tmp_path / 'play.yml'
+    playbook.write_text(WAIT.format(tmp_path / 'flag'))
+    run = site(None, '-c', 'local', inventory='localhost,', playbook=str(playbook))
+    assert run.rc == 2, run
+    assert 'waiting: [localhost]: Wait | the flag file (2 tries left)' in run.raw, run
+    assert 'waiting: [localhost]: Wait | the flag file (1 try left)' in run.raw, run
+    assert 'RETRYING' not in run.raw and 'fatal: [localhost]: FAILED!' in run.raw, run
