@@ -384,13 +384,16 @@ def test_a_node_may_leave_when_another_serves_or_it_serves_nothing(workers, work
 
 
 def test_after_leaving_nobody_else_serving_is_said_as_a_race():
-    """The list after the node's removal (left=True): it is not in it; nobody else serving means another run took the
-    others out at the same time (or they failed) - said so; someone serving is fine."""
-    said = sglang_leave_problem([_worker('http://b:1', False, status='draining')], 'http://a:1', 'gw', 'a', LEAVERS,
-                                left=True)
+    """The list after the node's removal (after=): nobody else serving there means another run took the others out at
+    the same time (or they failed) - said so; someone serving is fine, and so is a node that served nothing before."""
+    before = [_worker('http://a:1'), _worker('http://b:1'), _worker('http://c:1')]
+    said = sglang_leave_problem(before, 'http://a:1', 'gw', 'a', LEAVERS,
+                                after=[_worker('http://b:1', False, status='draining')])
     assert said.startswith('once a left gw, no node served there (b: unhealthy there (status draining); c: out of it), '
                            'though one did when it checked - another run took it out at the same time'), said
-    assert sglang_leave_problem([_worker('http://c:1')], 'http://a:1', 'gw', 'a', LEAVERS, left=True) == ''
+    assert sglang_leave_problem(before, 'http://a:1', 'gw', 'a', LEAVERS, after=[_worker('http://c:1')]) == ''
+    assert sglang_leave_problem([_worker('http://a:1', False)] + before[1:], 'http://a:1', 'gw', 'a', LEAVERS,
+                                after=[]) == ''
 
 
 def test_in_flight_is_running_and_waiting_over_every_rank():

@@ -138,20 +138,23 @@ def _worker_state(workers, url):
     return 'there under the model unknown (it refuses the key the gateway was given)'
 
 
-def sglang_leave_problem(workers, worker, gateway, node, others, left=False):
+def sglang_leave_problem(workers, worker, gateway, node, others, after=None):
     """Why node may not leave gateway now, or '' when it may: it is the last node serving there while the gateway has
     others - every request through the gateway would fail until it is back.
 
-    workers: the gateway's worker list (GET /workers) before the node's removal; left=True: after it (another run took
-    the other nodes out at the same time - a second operator, a batch of several nodes - or they failed meanwhile);
-    worker: the node's worker URL; others: the gateway's nodes ([{node, url}], from its contract; the node itself is
-    left out). A node that does not serve there changes nothing by leaving; a gateway of one node
-    (sglang_gateway_allow_single_node) has no other node to keep serving."""
+    workers: the gateway's worker list (GET /workers) before the node's removal; after: the list after it, if it was
+    removed (another run took the other nodes out at the same time - a second operator, a batch of several nodes - or
+    they failed meanwhile: the other nodes' states are read there); worker: the node's worker URL; others: the
+    gateway's nodes ([{node, url}], from its contract; the node itself is left out). A node that does not serve there
+    changes nothing by leaving; a gateway of one node (sglang_gateway_allow_single_node) has no other node to keep
+    serving."""
     worker = str(worker or '').rstrip('/')
     others = [o for o in others or [] if o.get('node') != node]
-    if not others or (not left and _worker_state(workers, worker) != 'serves'):
+    if not others or _worker_state(workers, worker) != 'serves':
         return ''
-    states = [(o['node'], _worker_state(workers, str(o.get('url') or '').rstrip('/'))) for o in others]
+    left = after is not None
+    states = [(o['node'], _worker_state(after if left else workers, str(o.get('url') or '').rstrip('/')))
+              for o in others]
     if any(state == 'serves' for _, state in states):
         return ''
     said = '; '.join('{0}: {1}'.format(n, s) for n, s in states)
