@@ -304,7 +304,9 @@ class SecondLab(object):
 @pytest.mark.lab
 def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
     """PVE writes the config file as part of the create or the change: once the client has seen the task
-    end (or the PUT return), killing labd cannot lose it. POLL=60: the reconciler passes only at start."""
+    end (or the PUT return), killing labd cannot lose it. Killed while its reconciler extracts the new container's
+    rootfs (the pass the create's end woke), labd leaves no half rootfs that it would take for the container when it
+    is back: it makes it again, whole. POLL=60: a pass only at start or when a client writes or waits."""
     if os.environ.get('GLM5_LAB') != '1':
         pytest.skip('needs the lab host: run through `make test` (it sets GLM5_LAB=1 after make lab-up)')
     from proxmoxer.core import ResourceException
@@ -328,7 +330,12 @@ def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
                           **{'ssh-public-keys': 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA other'})
         assert again.value.status_code in (400, 500) and str(vmid) in str(again.value)
         node.lxc(vmid).config.put(memory=1024)
-        lab.kill()                                        # at once: no reconcile pass in between
+        ctdir = LabLxc(lab.p).ctdir(vmid)
+        host_key = os.path.join(ctdir, 'rootfs', 'etc', 'ssh', 'ssh_host_ed25519_key')
+        assert wait_for(lambda: any(os.path.exists(os.path.join(ctdir, d, 'etc')) for d in ('rootfs', 'rootfs.partial')),
+                        120), 'the create did not wake a reconcile pass:\n' + lab.log()
+        assert not os.path.exists(host_key), 'the rootfs was whole before the kill: nothing was tried'
+        lab.kill()                                        # mid-extraction, tar and all
 
         api = lab.serve()
         node = api.nodes('pve1')
@@ -339,6 +346,9 @@ def test_lab_a_finished_create_and_config_change_survive_a_kill(tmp_path):
         assert (config['hostname'], config['memory'], config['tags']) == ('lab-persist', 1024, 'glm5-managed')
         with open(saved) as fh:                           # ... and a refused create changes nothing
             assert json.load(fh)['create'] == {'ostemplate': tmpls[0], 'ssh-public-keys': pubkey}
+        assert wait_for(lambda: LabLxc(lab.p).exists(vmid), 120), lab.log()
+        assert os.path.exists(host_key) and not os.path.exists(os.path.join(ctdir, 'rootfs.partial')), \
+            'labd took the rootfs its kill left half made for the container:\n' + lab.log()
         assert Tasks.blocking_status(api, node.lxc(vmid).delete())['exitstatus'] == 'OK'
         assert not os.path.exists(saved), 'the destroy was not persisted before its task ended'
     finally:

@@ -29,12 +29,15 @@ class Shared(object):
     create_params: vmid -> {ostemplate, ssh-public-keys}: create-only parameters, which PVE uses while it
     builds the rootfs and keeps no copy of in the config.
     fresh: vmids created again in the API while an old LXC container of that id still exists.
+    wake: set by the front after a write or a task read (a client changed something or waits for it): the
+    reconciler passes at once instead of at its next interval.
     """
 
     def __init__(self):
         self.lock = threading.Lock()
         self.create_params = {}
         self.fresh = set()
+        self.wake = threading.Event()
 
     def created(self, vmid, params, old_lxc_exists):
         with self.lock:
@@ -251,6 +254,8 @@ class Front(object):
                 LOG.exception('front: persisting the API state after %s %s failed', request.method, request.path)
                 return web.json_response({'data': None, 'message': 'lab: unable to write the container config: '
                                           '{0}\n'.format(exc)}, status=500)
+            finally:
+                self.shared.wake.set()
         out = web.Response(status=status, reason=reason, body=data,
                            headers={'Content-Type': ctype} if ctype else None)
         for cookie in cookies:

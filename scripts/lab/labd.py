@@ -16,7 +16,8 @@ so whatever a client has seen finish survives a kill; a restart puts those conta
 Environment (a second instance, e.g. a test's, sets all three):
     GLM5_LAB_STATE      state directory (default: lab_state_dir in inventories/lab/group_vars/all.yml)
     GLM5_LAB_PORT       the API port on 127.0.0.1 (default 8006)
-    GLM5_LAB_POLL       seconds between reconcile passes (default 0.5)
+    GLM5_LAB_POLL       seconds between reconcile passes when no client writes or waits (default 5; a write to the
+                        API or a task read starts one at once)
     GLM5_LAB_FILES_PORT the lab's download site on 127.0.0.1 (default 8480; 0: none): <state>/www read-only,
                         plain HTTP, where the lab puts what real hosts download (NVIDIA's apt repository)
     GLM5_LAB_TEMPLATES  the template cache registered as local:vztmpl (default: lab_template_dir in the same file)
@@ -69,8 +70,12 @@ def serve(p):
         serving.start_files()
         LOG.info('download site http://%s:%s/ from %s', HOST, FILES_PORT, p['www'])
     stop_event = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop_event.set())
-    signal.signal(signal.SIGINT, lambda *a: stop_event.set())
+
+    def stop(*_):
+        stop_event.set()
+        shared.wake.set()  # the reconciler waits on it between passes
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     LOG.info('PVE API on https://%s:%s (lab PVE node %s; fakepve on port %s; state %s)', HOST, PORT, NODE,
              serving.pve.port, p['state'])
     rec.run(stop_event)

@@ -89,9 +89,13 @@ class LabLxc(object):
         return r.stdout.strip().lower() or 'stopped'
 
     def create(self, vmid, template, keys, unprivileged=False):
+        """The rootfs is made under rootfs.partial and renamed when whole, as PVE's create holds its lock until the
+        volume is complete: labd killed mid-extraction leaves no half rootfs that exists() would take for a container
+        (the next pass makes it again)."""
         ctdir = self.ctdir(vmid)
-        rootfs = os.path.join(ctdir, 'rootfs')
-        os.makedirs(rootfs, exist_ok=True)
+        rootfs = os.path.join(ctdir, 'rootfs.partial')
+        shutil.rmtree(rootfs, ignore_errors=True)
+        os.makedirs(rootfs)
         with open(os.path.join(ctdir, 'lab-created'), 'w') as out:
             out.write('{0}\n'.format(vmid))
         LOG.info('CT %s: extracting %s', vmid, template)
@@ -113,6 +117,11 @@ class LabLxc(object):
             write_private(os.path.join(sshdir, 'authorized_keys'), (keys.strip() + '\n').encode())
         if unprivileged:
             LOG.info('CT %s: unprivileged: %s files owned by the shifted ids', vmid, shift_ids(rootfs))
+        old = os.path.join(ctdir, 'rootfs')  # an empty one, or one without etc/ (never mounted: it cannot have run)
+        if os.path.lexists(old):
+            self.refuse_if_mounted(vmid, old)
+            shutil.rmtree(old)
+        os.rename(rootfs, old)
 
     def write_config(self, vmid, config):
         ctdir = self.ctdir(vmid)
@@ -170,12 +179,16 @@ class LabLxc(object):
             lxc('lxc-stop', '-P', self.lxcpath, '-n', self.name(vmid), '-t', str(timeout), check=False,
                 timeout=timeout + 30)
 
+    def refuse_if_mounted(self, vmid, top):
+        top = os.path.realpath(top)
+        with open('/proc/self/mountinfo') as fh:
+            mounted = [line.split()[4] for line in fh if (line.split()[4] + '/').startswith(top + '/')]
+        if mounted:
+            raise RuntimeError('CT {0}: refusing to remove {1}: still mounted: {2}'.format(vmid, top, mounted))
+
     def destroy(self, vmid):
         """Remove the container and its rootfs; never a bind-mounted host path."""
         self.stop(vmid, timeout=10)
         ctdir = os.path.realpath(self.ctdir(vmid))
-        with open('/proc/self/mountinfo') as fh:
-            mounted = [line.split()[4] for line in fh if line.split()[4].startswith(ctdir + '/')]
-        if mounted:
-            raise RuntimeError('CT {0}: refusing to remove {1}: still mounted: {2}'.format(vmid, ctdir, mounted))
+        self.refuse_if_mounted(vmid, ctdir)
         shutil.rmtree(ctdir)

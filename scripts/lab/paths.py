@@ -38,7 +38,7 @@ PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
 # a lab container's sshd listens on 127.0.0.1:(base + vmid): the lab inventory's formula (its ansible_port)
 SSH_PORT_BASE = _LAB_PATHS['lab_ssh_port_base']
 FORBIDDEN_PORTS = {2024}       # taken on these machines by a process that is not ours
-POLL = float(os.environ.get('GLM5_LAB_POLL', '0.5'))  # seconds between reconcile passes
+POLL = float(os.environ.get('GLM5_LAB_POLL', '5'))  # seconds between reconcile passes that nothing woke
 FILES_PORT = int(os.environ.get('GLM5_LAB_FILES_PORT', '8480'))
 PVE_START_SECS = 2             # PVE seconds a start task takes: the window in which start_error is decided
 PVE_CREATE_SECS = 2

@@ -123,8 +123,12 @@ class Reconciler(object):
             self.started_pid.pop(vmid, None)
 
     def run(self, stop_event):
+        """A pass at once, then one whenever the front wakes it (a write or a task read: a client changed something
+        or waits for it to happen), and every POLL seconds (a container that stopped by itself). Passing only then,
+        not every half second, leaves the lab's CPU to what it hosts: a pass asks fakepve about every container."""
         from proxmoxer import AuthenticationError
         while not stop_event.is_set():
+            self.shared.wake.clear()
             try:
                 self.once()
             except AuthenticationError as exc:
@@ -133,7 +137,7 @@ class Reconciler(object):
                 continue
             except Exception as exc:
                 LOG.exception('reconcile pass failed: %s', exc)
-            stop_event.wait(POLL)
+            self.shared.wake.wait(POLL)
 
 
 def default_template():
