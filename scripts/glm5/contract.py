@@ -3,8 +3,9 @@ sglang_service's sglang_service_contract and sglang_gateway's sglang_gateway_con
 Inventory.contract)."""
 from __future__ import annotations
 
-# The engine's lock holder, as sglang_service's tasks/lock.yml writes it into the lock unit's description (vars/main.yml:
-# __sglang_service_lock_argv) and parses it back ('@<host> pid <pid> ') to take over a lock left by a run that is gone
+# The engine's lock holder, as the run_lock role (sglang_service's tasks/lock.yml) writes it into the lock unit's
+# description (roles/run_lock/vars/main.yml: __run_lock_argv) and parses it back ('@<host> pid <pid> ') to take over a
+# lock left by a run that is gone
 LOCK_DESCRIPTION = '{what} from {user}@{host} pid {pid} since {since}'
 # The SGLang environment's manifest (version, profile, patches), next to the venv's bin/ (the unit's python): written
 # by sglang_env
