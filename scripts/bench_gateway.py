@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The p99 TTFT the gateway adds, on any machine (by hand, not in CI): two engine emulators and the real gateway, here.
 
-    python scripts/bench_gateway.py [--concurrency 128,512,1024] [--gateway-clients 2] [--python PY] [--smg SMG]
+    python scripts/bench_gateway.py [--concurrency 128,512,1024] [--gateway-clients 8] [--python PY] [--smg SMG]
                                     [--no-tls] [--front haproxy|none] [--haproxy HAPROXY]
 
 What it starts, all on 127.0.0.1 and torn down at the end: two engine emulators (scripts/lab/sglang_emulator.py at
@@ -16,16 +16,18 @@ rendered with its defaults, less its chroot, user and group lines and with its a
 checked with haproxy -c first). --no-tls serves plain HTTP; --front none lets the clients reach smg itself.
 
 What it measures, at each C of --concurrency, as scripts/bench_fleet.py's 'overhead' part does on the lab's fleet:
-sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf,
-C x --prompts-per-concurrency prompts in all) first against both nodes directly at C/2 each, at the same time (one
-client each: the load the gateway gives each node), then through the gateway at C, from each count of clients in
---gateway-clients side by side (C/k each; default 2, the same client capacity as the direct side: one Python client
-reading every stream of both nodes is itself a bottleneck at 1,024 on a small machine, and its delay would count as
-the gateway's). The overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all the requests
-of its clients (the issue's bar: <= 50 ms at 1,024), and the same after each client's first wave (its first C/k
-requests, sent at once, each opening its connection: the fleet smoke test gates that one). Also printed: both sides'
-total tok/s, failed requests, and the connections the kernel refused over each run because a listen queue was full
-(TcpExt ListenOverflows, machine-wide: a refused SYN is sent again only after a second).
+sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf, C x
+--prompts-per-concurrency prompts in all) first against both nodes directly at C/2 each, at the same time (the load
+the gateway gives each node), then through the gateway at C, from each count k of clients in --gateway-clients side by
+side (C/k each). Both sides have as many clients: k/2 on each node directly (at least one), so each client carries
+the same concurrency both times (those through an HTTPS gateway also make its TLS handshakes). Default k = 8: a bench_serving client opens a connection for every request,
+and at 1,024 two clients through an HTTPS gateway each made 512 TLS handshakes at once in one Python event loop - +700
+ms at p99 that were the clients' own (docs/operations.md); one client reading every stream of both nodes is likewise a
+bottleneck of its own. The overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all the
+requests of its clients (the issue's bar: <= 50 ms at 1,024), and the same after each client's first wave (its first
+C/k requests, sent at once, each opening its connection: the fleet smoke test gates that one). Also printed: both
+sides' total tok/s, failed requests, and the connections the kernel refused over each run because a listen queue was
+full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again only after a second).
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
@@ -258,51 +260,57 @@ def side_by_side(python, urls, key, model, tokenizer, share, per, ca=None):
 
 
 def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None, ca=None):
-    """The nodes directly at C/n each, all at once (one client each: the load the gateway gives each node), then the
-    gateway at C from `clients` clients side by side (C/clients each); the overhead is the gateway's p99 TTFT less the
-    nodes' direct p99 TTFT, each over all of its requests together. One client through the gateway is one Python
-    process reading every node's streams: on a busy machine its own delay counts as the gateway's; as many clients
-    as nodes give both sides the same client capacity. Also the same after each client's first wave (steady_*): its
-    connections all opened at once, whose TLS handshakes on a busy machine were the whole tail of the fleet smoke test
-    through the gateway."""
-    if direct_run is None:
+    """The nodes directly at C/n each, all at once, then the gateway at C from `clients` clients side by side
+    (C/clients each); the overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all of its
+    requests together. Each side has as many clients as the other where it can: clients/n on each node (at least
+    one), so both sides' load generators do the same work on the same CPUs, and what differs is the gateway (one
+    Python client reading every node's streams, or 512 requests each opening a TLS connection at once, is itself a
+    bottleneck at 1,024: measured on 16 CPUs, docs/operations.md). Also the same after each client's first wave
+    (steady_*): its connections all opened at once, whose TLS handshakes on a busy machine were the whole tail of the
+    fleet smoke test through the gateway."""
+    each = max(1, clients // len(nodes))        # clients on each node directly
+    if direct_run is None or direct_run['direct_clients'] != each * len(nodes):
         before = listen_overflows()
-        direct, direct_p99, direct_steady = side_by_side(python, nodes, key, model, tokenizer, c // len(nodes), per)
+        urls = [n for n in nodes for _ in range(each)]
+        direct, direct_p99, direct_steady = side_by_side(python, urls, key, model, tokenizer, c // len(urls), per)
         direct_overflows = overflows_since(before)
-    else:       # the direct side of an earlier call at the same C (another count of clients through the gateway)
-        direct, direct_p99, direct_steady, direct_overflows = (
+        by_node = [percentile([t for r in direct[i * each:(i + 1) * each] for t in r['ttfts_ms']], 99)
+                   for i in range(len(nodes))]
+    else:       # the direct side of an earlier call at the same C and clients (another count through the gateway)
+        direct, direct_p99, direct_steady, direct_overflows, by_node = (
             direct_run['direct'], direct_run['direct_p99_ttft_ms'], direct_run['direct_steady_p99_ttft_ms'],
-            direct_run['overflows'][0])
+            direct_run['overflows'][0], direct_run['direct_nodes_p99_ttft_ms'])
     before = listen_overflows()
     runs, through_p99, through_steady = side_by_side(python, [gateway] * clients, key, model, tokenizer, c // clients,
                                                      per, ca=ca)
     through_overflows = overflows_since(before)
     through = {'tok_s': sum(r['tok_s'] for r in runs), 'p99_ttft_ms': through_p99, 'steady_p99_ttft_ms': through_steady,
                'failed': sum(r['failed'] for r in runs)}
-    return {'c': c, 'clients': clients, 'direct': direct, 'direct_p99_ttft_ms': direct_p99,
+    return {'c': c, 'clients': clients, 'direct_clients': len(direct), 'direct': direct,
+            'direct_nodes_p99_ttft_ms': by_node, 'direct_p99_ttft_ms': direct_p99,
             'direct_steady_p99_ttft_ms': direct_steady, 'through': through, 'overhead_ms': through_p99 - direct_p99,
             'steady_overhead_ms': None if direct_steady is None or through_steady is None
             else through_steady - direct_steady, 'overflows': (direct_overflows, through_overflows)}
 
 
 def table(rows):
-    head = ['C', 'clients through the gateway', 'direct p99 TTFT (node 1 / node 2 / both)', 'gateway p99 TTFT',
-            'overhead (need <= {0} ms)'.format(BAR_MS), 'after the first wave: direct / gateway / overhead',
-            'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
+    head = ['C', 'clients direct / through the gateway', 'direct p99 TTFT (node 1 / node 2 / both)',
+            'gateway p99 TTFT', 'overhead (need <= {0} ms)'.format(BAR_MS),
+            'after the first wave: direct / gateway / overhead', 'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
             'failed gateway', 'listen overflows direct / gateway']
     lines = []
     for r in rows:
-        d1, d2 = r['direct']
-        lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), str(r['clients']),
-                      '{0:,.0f} / {1:,.0f} / {2:,.0f} ms'.format(d1['p99_ttft_ms'], d2['p99_ttft_ms'],
-                                                                 r['direct_p99_ttft_ms']),
+        lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), '{0} / {1}'.format(r['direct_clients'],
+                                                                                    r['clients']),
+                      ' / '.join('{0:,.0f}'.format(p) for p in r['direct_nodes_p99_ttft_ms'] + [r['direct_p99_ttft_ms']])
+                      + ' ms',
                       '{0:,.0f} ms'.format(r['through']['p99_ttft_ms']),
                       '{0:+,.0f} ms {1}'.format(r['overhead_ms'], 'met' if r['overhead_ms'] <= BAR_MS else 'NOT met'),
                       'n/a' if r['steady_overhead_ms'] is None else '{0:,.0f} / {1:,.0f} / {2:+,.0f} ms {3}'.format(
                           r['direct_steady_p99_ttft_ms'], r['through']['steady_p99_ttft_ms'], r['steady_overhead_ms'],
                           'met' if r['steady_overhead_ms'] <= BAR_MS else 'NOT met'),
-                      '{0:,.0f}'.format(d1['tok_s'] + d2['tok_s']), '{0:,.0f}'.format(r['through']['tok_s']),
-                      str(d1['failed'] + d2['failed']), str(r['through']['failed']),
+                      '{0:,.0f}'.format(sum(d['tok_s'] for d in r['direct'])), '{0:,.0f}'.format(r['through']['tok_s']),
+                      str(sum(d['failed'] for d in r['direct'])), str(r['through']['failed']),
                       ' / '.join('n/a' if n is None else str(n) for n in r['overflows'])])
     widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
     for i, line in enumerate([head] + lines):
@@ -337,9 +345,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--concurrency', default='1024',
                     help='through the gateway, comma-separated (C/2 a node directly; default 1024)')
-    ap.add_argument('--gateway-clients', default='2',
-                    help='bench_serving clients side by side through the gateway, comma-separated: a row for each '
-                         '(default 2, as many as the nodes driven directly; 1: one client for both nodes\' streams)')
+    ap.add_argument('--gateway-clients', default='8',
+                    help='bench_serving clients side by side through the gateway, comma-separated: a row for each, '
+                         'with half as many on each node directly, at least one (default 8)')
     ap.add_argument('--prompts-per-concurrency', type=int, default=2, help='prompts per run: C times this (default 2)')
     ap.add_argument('--python', default=sys.executable, help='a Python that imports sglang (default: this one)')
     ap.add_argument('--smg', default=None, help='the gateway command (default: smg beside --python, on PATH, or -m smg)')
@@ -356,9 +364,9 @@ def main():
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
     if not levels or any(c < 2 or c % 2 for c in levels):
         sys.exit('--concurrency: even numbers >= 2 (half a node), comma-separated; got {0!r}'.format(args.concurrency))
-    if not client_counts or any(k < 1 or c % k for k in client_counts for c in levels):
-        sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency, comma-separated; got {0!r}'.format(
-            args.gateway_clients))
+    if not client_counts or any(k < 1 or c % k or c % (2 * max(1, k // 2)) for k in client_counts for c in levels):
+        sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency (and twice their half, the clients '
+                 'directly), comma-separated; got {0!r}'.format(args.gateway_clients))
     # thousands of connections: the client, the gateway and the engines each hold one per request; HAProxy wants two
     # for each of its sglang_gateway_max_connections. The role's units set LimitNOFILE=1048576: so here where allowed
     # (root may raise the hard limit), else as far as the hard limit goes.
@@ -449,17 +457,17 @@ def main():
                     haproxy_version(haproxy), gateway, gw_port), flush=True)
             rows = []
             for c in levels:
-                first = None
+                direct = {}     # the direct side measured once for each count of clients on it
                 for k in client_counts:
                     t0 = time.time()
+                    each = max(1, k // len(nodes)) * len(nodes)
                     rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c,
-                                         args.prompts_per_concurrency, clients=k, direct_run=first, ca=ca))
-                    first = first or rows[-1]
-                    r = rows[-1]
-                    print('concurrency {0}: direct p99 TTFT {1:,.0f} ms, through the gateway ({2} client(s)) {3:,.0f} '
-                          'ms: {4:+,.0f} ms ({5:.0f} s)'.format(c, r['direct_p99_ttft_ms'], k,
-                                                               r['through']['p99_ttft_ms'], r['overhead_ms'],
-                                                               time.time() - t0), flush=True)
+                                         args.prompts_per_concurrency, clients=k, direct_run=direct.get(each), ca=ca))
+                    r = direct.setdefault(each, rows[-1]) and rows[-1]
+                    print('concurrency {0}: direct ({1} clients) p99 TTFT {2:,.0f} ms, through the gateway ({3} '
+                          'client(s)) {4:,.0f} ms: {5:+,.0f} ms ({6:.0f} s)'.format(
+                              c, r['direct_clients'], r['direct_p99_ttft_ms'], k, r['through']['p99_ttft_ms'],
+                              r['overhead_ms'], time.time() - t0), flush=True)
         finally:
             # the gateway first (its health checks would see the engines go), then the engines
             for p in reversed(list(procs.values())):
