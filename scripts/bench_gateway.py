@@ -19,15 +19,16 @@ What it measures, at each C of --concurrency, as scripts/bench_fleet.py's 'overh
 sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-range-ratio 0.0, --request-rate inf, C x
 --prompts-per-concurrency prompts in all) first against both nodes directly at C/2 each, at the same time (the load
 the gateway gives each node), then through the gateway at C, from each count k of clients in --gateway-clients side by
-side (C/k each). Both sides have as many clients: k/2 on each node directly (at least one), so each client carries
-the same concurrency both times (those through an HTTPS gateway also make its TLS handshakes). Default k = 8: a bench_serving client opens a connection for every request,
-and at 1,024 two clients through an HTTPS gateway each made 512 TLS handshakes at once in one Python event loop - +700
-ms at p99 that were the clients' own (docs/operations.md); one client reading every stream of both nodes is likewise a
-bottleneck of its own. The overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all the
-requests of its clients (the issue's bar: <= 50 ms at 1,024), and the same after each client's first wave (its first
-C/k requests, sent at once, each opening its connection: the fleet smoke test gates that one). Also printed: both
-sides' total tok/s, failed requests, and the connections the kernel refused over each run because a listen queue was
-full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again only after a second).
+side (C/k each). Both sides have as many clients: k/2 on each node directly (at least one), so each client carries the
+same concurrency both times (those through an HTTPS gateway also make its TLS handshakes). Default k = 8: a
+bench_serving client opens a connection for every request, and at 1,024 two clients through an HTTPS gateway each made
+512 TLS handshakes at once in one Python event loop - +700 ms at p99 that were the clients' own (docs/operations.md);
+one client reading every stream of both nodes is likewise a bottleneck of its own. The overhead is the gateway's p99
+TTFT less the nodes' direct p99 TTFT, each over all the requests of its clients (the issue's bar: <= 50 ms at 1,024),
+and the same after each client's first wave (its first C/k requests, sent at once, each opening its connection: the
+fleet smoke test gates that one). Also printed: both sides' total tok/s, failed requests, and the connections the
+kernel refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is
+sent again only after a second).
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
