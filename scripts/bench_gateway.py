@@ -261,14 +261,13 @@ def side_by_side(python, urls, key, model, tokenizer, share, per, ca=None):
 
 
 def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None, ca=None):
-    """The nodes directly at C/n each, all at once, then the gateway at C from `clients` clients side by side
-    (C/clients each); the overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all of its
-    requests together. Each side has as many clients as the other where it can: clients/n on each node (at least
-    one), so both sides' load generators do the same work on the same CPUs, and what differs is the gateway (one
-    Python client reading every node's streams, or 512 requests each opening a TLS connection at once, is itself a
-    bottleneck at 1,024: measured on 16 CPUs, docs/operations.md). Also the same after each client's first wave
-    (steady_*): its connections all opened at once, whose TLS handshakes on a busy machine were the whole tail of the
-    fleet smoke test through the gateway."""
+    """The nodes directly at C/n each, all at once, then the gateway at C from `clients` clients side by side (C/clients
+    each); the overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all of its requests
+    together. Each side has as many clients as the other where it can: clients/n on each node (at least one), each at
+    the same concurrency both times (one Python client reading every node's streams, or 512 requests each opening a
+    TLS connection at once, is itself a bottleneck at 1,024: measured on 16 CPUs, docs/operations.md). Also the same
+    after each client's first wave (steady_*): its connections all opened at once, whose TLS handshakes on a busy
+    machine were the whole tail of the fleet smoke test through the gateway."""
     each = max(1, clients // len(nodes))        # clients on each node directly
     if direct_run is None or direct_run['direct_clients'] != each * len(nodes):
         before = listen_overflows()
@@ -464,7 +463,8 @@ def main():
                     each = max(1, k // len(nodes)) * len(nodes)
                     rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c,
                                          args.prompts_per_concurrency, clients=k, direct_run=direct.get(each), ca=ca))
-                    r = direct.setdefault(each, rows[-1]) and rows[-1]
+                    direct.setdefault(each, rows[-1])
+                    r = rows[-1]
                     print('concurrency {0}: direct ({1} clients) p99 TTFT {2:,.0f} ms, through the gateway ({3} '
                           'client(s)) {4:,.0f} ms: {5:+,.0f} ms ({6:.0f} s)'.format(
                               c, r['direct_clients'], r['direct_p99_ttft_ms'], k, r['through']['p99_ttft_ms'],
