@@ -260,6 +260,11 @@ def side_by_side(python, urls, key, model, tokenizer, share, per, ca=None):
     return runs, (percentile(every, 99) if every else float('nan')), (percentile(steady, 99) if steady else None)
 
 
+def direct_clients(clients, n):
+    """How many clients drive n nodes directly against `clients` through the gateway: as many, at least one a node."""
+    return max(1, clients // n) * n
+
+
 def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, direct_run=None, ca=None):
     """The nodes directly at C/n each, all at once, then the gateway at C from `clients` clients side by side (C/clients
     each); the overhead is the gateway's p99 TTFT less the nodes' direct p99 TTFT, each over all of its requests
@@ -268,7 +273,7 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
     TLS connection at once, is itself a bottleneck at 1,024: measured on 16 CPUs, docs/operations.md). Also the same
     after each client's first wave (steady_*): its connections all opened at once, whose TLS handshakes on a busy
     machine were the whole tail of the fleet smoke test through the gateway."""
-    each = max(1, clients // len(nodes))        # clients on each node directly
+    each = direct_clients(clients, len(nodes)) // len(nodes)     # clients on each node directly
     if direct_run is None or direct_run['direct_clients'] != each * len(nodes):
         before = listen_overflows()
         urls = [n for n in nodes for _ in range(each)]
@@ -364,7 +369,7 @@ def main():
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
     if not levels or any(c < 2 or c % 2 for c in levels):
         sys.exit('--concurrency: even numbers >= 2 (half a node), comma-separated; got {0!r}'.format(args.concurrency))
-    if not client_counts or any(k < 1 or c % k or c % (2 * max(1, k // 2)) for k in client_counts for c in levels):
+    if not client_counts or any(k < 1 or c % k or c % direct_clients(k, 2) for k in client_counts for c in levels):
         sys.exit('--gateway-clients: numbers >= 1 that divide every --concurrency (and twice their half, the clients '
                  'directly), comma-separated; got {0!r}'.format(args.gateway_clients))
     # thousands of connections: the client, the gateway and the engines each hold one per request; HAProxy wants two
@@ -460,10 +465,10 @@ def main():
                 direct = {}     # the direct side measured once for each count of clients on it
                 for k in client_counts:
                     t0 = time.time()
-                    each = max(1, k // len(nodes)) * len(nodes)
                     rows.append(overhead(args.python, nodes, gateway, key, MODEL, tokenizer, c,
-                                         args.prompts_per_concurrency, clients=k, direct_run=direct.get(each), ca=ca))
-                    direct.setdefault(each, rows[-1])
+                                         args.prompts_per_concurrency, clients=k,
+                                         direct_run=direct.get(direct_clients(k, len(nodes))), ca=ca))
+                    direct.setdefault(rows[-1]['direct_clients'], rows[-1])
                     r = rows[-1]
                     print('concurrency {0}: direct ({1} clients) p99 TTFT {2:,.0f} ms, through the gateway ({3} '
                           'client(s)) {4:,.0f} ms: {5:+,.0f} ms ({6:.0f} s)'.format(
