@@ -20,7 +20,8 @@ sglang.bench_serving (backend sglang, random-ids 256 in / 128 out, --random-rang
 --prompts-per-concurrency prompts in all) first against both nodes directly at C/2 each, at the same time (the load
 the gateway gives each node), then through the gateway at C, from each count k of clients in --gateway-clients side by
 side (C/k each). Both sides have as many clients: k/2 on each node directly (at least one), so each client carries the
-same concurrency both times (those through an HTTPS gateway also make its TLS handshakes). Default k = 8: a
+same concurrency both times (those through an HTTPS gateway also make its TLS handshakes); the clients of a side
+send nothing until all of them have imported sglang and read their prompts, then start together. Default k = 8: a
 bench_serving client opens a connection for every request, and at 1,024 two clients through an HTTPS gateway each made
 512 TLS handshakes at once in one Python event loop - +700 ms at p99 that were the clients' own (docs/operations.md);
 one client reading every stream of both nodes is likewise a bottleneck of its own. The overhead is the gateway's p99
@@ -210,14 +211,33 @@ def overflows_since(before):
     return None if before is None or after is None else after - before
 
 
-def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+# bench_serving as `python -m sglang.bench_serving` runs it, less its start: with its imports done (~20 CPU-s, torch
+# and transformers) and its prompts and tokenizer read, it marks itself ready (the file `name` in `folder`) and waits
+# for the file `go` there before it sends anything (its one asyncio.run is the benchmark, warmup included)
+AT_THE_START = """
+import asyncio, os, runpy, sys, time
+folder, name = sys.argv.pop(1), sys.argv.pop(1)
+run = asyncio.run
+def ready_then_run(main, **kw):
+    open(os.path.join(folder, name), 'w').close()
+    while not os.path.exists(os.path.join(folder, 'go')):
+        time.sleep(0.005)
+    return run(main, **kw)
+asyncio.run = ready_then_run
+runpy.run_module('sglang.bench_serving', run_name='__main__', alter_sys=True)
+"""
+
+
+def bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
     """One sglang.bench_serving run (the benchmarks' one: scripts/bench_fleet.py calls it too): total tok/s, p99 TTFT,
     failed requests, and each answered request's TTFT in ms (to merge the runs of clients side by side), all of them
     and those after the client's first wave (its first `concurrency` requests, sent at once: bench_serving opens a
-    connection for each request, so the first wave opens them all at the same moment)."""
+    connection for each request, so the first wave opens them all at the same moment). start=(folder, name): it sends
+    nothing until `go` is in that folder (AT_THE_START), clients side by side starting together."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, 'r.jsonl')
-        cmd = [python, '-m', 'sglang.bench_serving', '--backend', BACKEND, '--base-url', url, '--model', model,
+        main = ['-c', AT_THE_START, *start] if start else ['-m', 'sglang.bench_serving']
+        cmd = [python, *main, '--backend', BACKEND, '--base-url', url, '--model', model,
                '--tokenizer', tokenizer, '--dataset-name', 'random-ids', '--random-input-len', '256',
                '--random-output-len', '128', '--random-range-ratio', '0.0', '--num-prompts', str(prompts),
                '--max-concurrency', str(concurrency), '--request-rate', 'inf', '--seed', str(seed),
@@ -241,23 +261,39 @@ def side_by_side(python, urls, key, model, tokenizer, share, per, ca=None):
     and the p99 TTFT of all their requests together, and of those after each client's first wave (None: none)."""
     runs = [None] * len(urls)
     errors = []
+    with tempfile.TemporaryDirectory(prefix='glm5-bench-start-') as folder:
 
-    def one(i, url):
-        try:
-            runs[i] = bench(python, url, key, model, tokenizer, share, share * per, seed=1 + i, ca=ca)
-        except SystemExit as exc:      # a thread drops its SystemExit silently: keep bench's message for the report
-            errors.append(str(exc))
-    threads = [threading.Thread(target=one, args=(i, u)) for i, u in enumerate(urls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        def one(i, url):
+            try:
+                runs[i] = bench(python, url, key, model, tokenizer, share, share * per, seed=1 + i, ca=ca,
+                                start=(folder, str(i)))
+            except SystemExit as exc:  # a thread drops its SystemExit silently: keep bench's message for the report
+                errors.append(str(exc))
+        threads = [threading.Thread(target=one, args=(i, u)) for i, u in enumerate(urls)]
+        for t in threads:
+            t.start()
+        start_together(folder, threads)
+        for t in threads:
+            t.join()
     if any(r is None for r in runs):
         sys.exit('a bench_serving client failed at concurrency {0} against {1}:\n{2}'.format(
             share, ', '.join(urls), '\n'.join(errors)))
     every = [t for r in runs for t in r['ttfts_ms']]
     steady = [t for r in runs for t in r.get('steady_ttfts_ms') or []]
     return runs, (percentile(every, 99) if every else float('nan')), (percentile(steady, 99) if steady else None)
+
+
+def start_together(folder, threads, poll=0.01):
+    """Let the clients of side_by_side send when every one of them is ready (its file in `folder`), or as soon as one
+    of them has ended (failed before it was ready: the others are not kept waiting). Without this each client started
+    when its own imports were done, over the ~18 s that 16 clients importing sglang kept 16 CPUs busy: the first
+    clients' waves met engines short of CPU and the later ones' a part-loaded machine, and the clients did not all
+    overlap (two runs of one configuration, 16 clients over HTTPS: +306 and +111 ms at p99)."""
+    while not all(os.path.exists(os.path.join(folder, str(i))) for i in range(len(threads))):
+        if not all(t.is_alive() for t in threads):
+            break
+        time.sleep(poll)
+    open(os.path.join(folder, 'go'), 'w').close()
 
 
 def direct_clients(clients, n):

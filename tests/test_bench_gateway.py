@@ -32,7 +32,7 @@ def test_the_overhead_is_the_gateways_p99_over_all_its_clients_less_the_nodes_p9
     client1, client2 = [110.0] * 100, [330.0] * 100
     calls = []
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
         calls.append((url, concurrency, prompts, seed))
         return {'n1': run(node1), 'n2': run(node2)}[url] if url != 'gw' else run(client1 if seed == 1 else client2)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
@@ -58,7 +58,7 @@ def test_the_direct_side_has_as_many_clients_as_the_gateway_side_half_on_each_no
     another count of clients."""
     calls = []
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
         calls.append((url, concurrency, prompts))
         return run({'n1': [100.0], 'n2': [200.0]}.get(url, [150.0]) * 10)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
@@ -87,7 +87,7 @@ def test_the_overhead_after_the_first_wave_leaves_each_clients_first_requests_ou
     direct = [700.0] * 4 + [500.0] * 96
     through = [1100.0] * 4 + [430.0] * 96
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
         return run(through if url == 'gw' else direct, wave=4)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
     monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
@@ -104,7 +104,7 @@ def test_an_https_gateways_clients_get_its_ca_and_a_failed_clients_reason_is_kep
     dropped: the run ended with 'a client failed' and nothing else)."""
     seen = []
 
-    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+    def fake_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
         seen.append((url, ca))
         return run([100.0] * 8)
     monkeypatch.setattr(bench_gateway, 'bench', fake_bench)
@@ -112,7 +112,7 @@ def test_an_https_gateways_clients_get_its_ca_and_a_failed_clients_reason_is_kep
     bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2, ca='/ca.crt')
     assert [ca for url, ca in seen if url == 'gw'] == ['/ca.crt', '/ca.crt']
 
-    def failing_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None):
+    def failing_bench(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
         if url == 'n2':
             sys.exit('bench_serving failed against n2 (rc 1):\ncertificate verify failed')
         return run([100.0] * 8)
@@ -121,6 +121,78 @@ def test_an_https_gateways_clients_get_its_ca_and_a_failed_clients_reason_is_kep
         bench_gateway.side_by_side('py', ['n1', 'n2'], 'k', 'm', 't', 4, 2)
     assert 'failed at concurrency 4 against n1, n2' in str(failed.value)
     assert 'certificate verify failed' in str(failed.value)
+
+
+# A stand-in for `python -m sglang.bench_serving` (the test's, not the lab's): it takes as long as --seed says to get
+# ready (its imports), then records when its benchmark began - its one asyncio.run - in $BEGAN and writes
+# bench_serving's last JSONL line. A seed of 0 fails before it is ready.
+FAKE_BENCH_SERVING = """
+import argparse, asyncio, json, os, sys, time
+p = argparse.ArgumentParser()
+for flag in ('--backend', '--base-url', '--model', '--tokenizer', '--dataset-name', '--random-input-len',
+             '--random-output-len', '--random-range-ratio', '--request-rate', '--output-file'):
+    p.add_argument(flag)
+for flag in ('--num-prompts', '--max-concurrency', '--seed'):
+    p.add_argument(flag, type=int)
+p.add_argument('--output-details', action='store_true')
+a = p.parse_args()
+if a.seed == 0:
+    sys.exit('no engine at ' + a.base_url)
+time.sleep(0.4 * a.seed)
+async def benchmark():
+    with open(os.path.join(os.environ['BEGAN'], str(a.seed)), 'w') as f:
+        f.write(repr(time.time()))
+    return {'total_throughput': 10.0, 'p99_ttft_ms': 5.0, 'completed': a.num_prompts, 'ttfts': [0.005] * a.num_prompts,
+            'errors': [''] * a.num_prompts}
+with open(a.output_file, 'w') as f:
+    f.write(json.dumps(asyncio.run(benchmark())) + chr(10))
+"""
+
+
+def stand_in_bench_serving(tmp_path, monkeypatch):
+    pkg = tmp_path / 'site' / 'sglang'
+    pkg.mkdir(parents=True)
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'bench_serving.py').write_text(FAKE_BENCH_SERVING)
+    monkeypatch.setenv('PYTHONPATH', str(tmp_path / 'site'))
+    (tmp_path / 'began').mkdir()
+    monkeypatch.setenv('BEGAN', str(tmp_path / 'began'))
+
+
+def test_clients_side_by_side_send_nothing_until_every_one_is_ready(tmp_path, monkeypatch):
+    """Each client used to start when its own imports were done: 16 clients importing sglang kept 16 CPUs busy for
+    ~18 s, so the first waves met starved engines (two runs of one configuration: +306 and +111 ms at p99). Now
+    every client waits, imports done, until the last is ready (the stand-in's clients are ready 0.4 s apart)."""
+    stand_in_bench_serving(tmp_path, monkeypatch)
+    runs, p99, _ = bench_gateway.side_by_side(sys.executable, ['n1', 'n2', 'n1'], 'k', 'm', 't', 2, 2)
+    assert [r['tok_s'] for r in runs] == [10.0, 10.0, 10.0] and p99 == pytest.approx(5.0)
+    began = sorted(float(f.read_text()) for f in (tmp_path / 'began').iterdir())
+    assert len(began) == 3
+    # the last was ready 0.8 s after the first: without the wait they would have begun that far apart
+    assert began[-1] - began[0] < 0.3, began
+
+
+def test_a_client_that_fails_before_it_is_ready_keeps_no_one_waiting(tmp_path, monkeypatch):
+    stand_in_bench_serving(tmp_path, monkeypatch)
+    urls = ['n1', 'gone']
+
+    def seeded(python, url, key, model, tokenizer, concurrency, prompts, seed=1, ca=None, start=None):
+        return real(python, url, key, model, tokenizer, concurrency, prompts, seed=0 if url == 'gone' else 2, ca=ca,
+                    start=start)
+    real = bench_gateway.bench
+    monkeypatch.setattr(bench_gateway, 'bench', seeded)
+    ended = []
+
+    def run_them():
+        try:
+            bench_gateway.side_by_side(sys.executable, urls, 'k', 'm', 't', 2, 2)
+        except SystemExit as exc:
+            ended.append(str(exc))
+    t = threading.Thread(target=run_them, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), 'the ready client still waits for the one that failed'
+    assert len(ended) == 1 and 'no engine at gone' in ended[0]
 
 
 @pytest.mark.parametrize('args, option', [(['--gateway-clients', 'x'], '--gateway-clients'),
