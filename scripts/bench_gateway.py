@@ -211,9 +211,10 @@ def overflows_since(before):
     return None if before is None or after is None else after - before
 
 
-# bench_serving as `python -m sglang.bench_serving` runs it, less its start: with its imports done (~20 CPU-s, torch
+# bench_serving as `python -m sglang.bench_serving` runs it, less its start: with its imports done (7-20 CPU-s: torch
 # and transformers) and its prompts and tokenizer read, it marks itself ready (the file `name` in `folder`) and waits
-# for the file `go` there before it sends anything (its one asyncio.run is the benchmark, warmup included)
+# for the file `go` there before it sends anything (its one asyncio.run is the benchmark, warmup included); it gives
+# up if the folder goes (the run that started it has ended)
 AT_THE_START = """
 import asyncio, os, runpy, sys, time
 folder, name = sys.argv.pop(1), sys.argv.pop(1)
@@ -221,6 +222,9 @@ run = asyncio.run
 def ready_then_run(main, **kw):
     open(os.path.join(folder, name), 'w').close()
     while not os.path.exists(os.path.join(folder, 'go')):
+        if not os.path.isdir(folder):
+            main.close()
+            sys.exit('the benchmark that started this client has ended')
         time.sleep(0.005)
     return run(main, **kw)
 asyncio.run = ready_then_run

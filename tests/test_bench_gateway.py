@@ -195,6 +195,34 @@ def test_a_client_that_fails_before_it_is_ready_keeps_no_one_waiting(tmp_path, m
     assert len(ended) == 1 and 'no engine at gone' in ended[0]
 
 
+def test_a_waiting_client_gives_up_when_the_run_that_started_it_is_gone(tmp_path, monkeypatch):
+    """A bench killed while its clients wait (SIGKILL: its temporary folder is then removed by hand or at boot) must
+    not leave them polling for ever."""
+    stand_in_bench_serving(tmp_path, monkeypatch)
+    folder = tmp_path / 'start'
+    folder.mkdir()
+    ended = []
+
+    def client():
+        try:
+            bench_gateway.bench(sys.executable, 'n1', 'k', 'm', 't', 2, 2, start=(str(folder), '0'))
+        except SystemExit as exc:
+            ended.append(str(exc))
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    for _ in range(300):
+        if (folder / '0').exists():
+            break
+        t.join(0.1)
+    assert (folder / '0').exists(), 'the client never got ready'
+    assert t.is_alive()                         # ready, waiting for go
+    shutil.rmtree(folder)
+    t.join(30)
+    assert not t.is_alive(), 'the client still waits'
+    assert len(ended) == 1 and 'the benchmark that started this client has ended' in ended[0]
+    assert not list((tmp_path / 'began').iterdir())          # it sent nothing
+
+
 @pytest.mark.parametrize('args, option', [(['--gateway-clients', 'x'], '--gateway-clients'),
                                           (['--gateway-clients', '3'], '--gateway-clients'),
                                           (['--concurrency', '3'], '--concurrency'),
