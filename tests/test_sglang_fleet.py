@@ -302,6 +302,19 @@ def test_the_front_door_and_both_gateways_have_ports_of_their_own_before_any_cha
 
 
 @pytest.mark.parametrize('extra, words', [
+    ({'sglang_gateway_backend_connect_timeout_ms': 0},
+     'sglang_gateway_backend_connect_timeout_ms is 0: give 10 to 5000 (ms; 0 would be no limit at all'),
+    ({'sglang_gateway_backend_connect_timeout_ms': 60000},
+     'sglang_gateway_backend_connect_timeout_ms is 60000: give 10 to 5000'),
+    ({'sglang_gateway_backend_connect_timeout_ms': 5000}, None),
+])
+def test_the_front_doors_wait_for_smg_is_checked_before_any_change(tls_check, extra, words):
+    """HAProxy's `timeout connect` to smg (and its retries, ceil(3000 / it)): 0 would be no limit and a division by
+    zero in the template."""
+    refused_saying(*tls_check(**extra), words)
+
+
+@pytest.mark.parametrize('extra, words', [
     # found on make deploy's fleet (2026-12-05): `site.yml --tags smoke -e sglang_smoke_fleet_poll=0` ran both nodes'
     # production sweeps (22 minutes) before the fleet step refused the 0
     ({'sglang_smoke_fleet_poll': 0, 'sglang_smoke_fleet_levels': [64, 64], 'sglang_smoke_fleet_ttft_overhead_ms': -1},
