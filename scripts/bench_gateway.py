@@ -29,7 +29,11 @@ TTFT less the nodes' direct p99 TTFT, each over all the requests of its clients 
 and the same after each client's first wave (its first C/k requests, sent at once, each opening its connection: the
 fleet smoke test gates that one). Also printed: both sides' total tok/s, failed requests, and the connections the
 kernel refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is
-sent again only after a second).
+sent again only after a second). Before the runs (--no-handshakes leaves it out), a second table: each side's first
+wave in connections alone - k clients (k/2 on one node directly) each opening C/k connections at once, TLS trusting
+the gateway's CA or plain TCP as each side serves, the clients starting together - with the slowest client's wave,
+a connection's p50/p99, and the CPU a connection cost the clients and each server (smg, HAProxy; an engine): where
+the first wave's time over HTTPS goes.
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
@@ -300,6 +304,89 @@ def start_together(folder, threads, poll=0.01):
     open(os.path.join(folder, 'go'), 'w').close()
 
 
+def tree_cpu(pid):
+    """CPU seconds a process and every process under it have used, every thread of each (the kernel's schedstat, in
+    nanoseconds: the clock ticks of /proc/PID/stat are too coarse for a connection's share); 0.0 if it is gone."""
+    parents = {}
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open('/proc/{0}/stat'.format(entry)) as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(')', 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    total, todo = 0.0, [pid] if pid in parents else []
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir('/proc/{0}/task'.format(p)):
+                with open('/proc/{0}/task/{1}/schedstat'.format(p, tid)) as fh:
+                    total += int(fh.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass        # gone meanwhile
+        todo += [c for c, parent in parents.items() if parent == p]
+    return total
+
+
+def _open_at_once(host, port, ca, n, go, out):
+    """One client of handshakes(): once go is set, n connections at once (TLS when ca) in one event loop, as a
+    bench_serving client's first wave opens them; out gets (its wall, its own CPU, each connection's time)."""
+    import asyncio
+    import ssl
+    context = ssl.create_default_context(cafile=ca) if ca else None
+
+    async def one():
+        t = time.perf_counter()
+        _, writer = await asyncio.open_connection(host, port, ssl=context)
+        return time.perf_counter() - t, writer
+
+    async def wave():
+        go.wait()
+        cpu, t0 = time.process_time(), time.perf_counter()
+        opened = await asyncio.gather(*[one() for _ in range(n)])
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu
+        for _, writer in opened:
+            writer.close()
+        return wall, cpu, [t for t, _ in opened]
+    try:
+        out.put(asyncio.run(wave()))
+    except Exception as exc:    # noqa: BLE001 - said by the parent, which waits for every client
+        out.put('{0}: {1}'.format(type(exc).__name__, exc))
+
+
+def handshakes(host, port, ca, clients, each, watch=None, timeout=120):
+    """What a side's first wave costs in connections alone: `clients` processes, each opening `each` connections at
+    once (TLS trusting ca, else plain TCP), all starting together. Returns the slowest client's wall, the p50 and p99
+    of a connection's time, the clients' CPU for each connection, and the CPU each process of watch ({name: pid},
+    with the processes under it) used for each connection meanwhile - where a wave's time goes: the clients' own TLS
+    or the server's."""
+    import multiprocessing
+    ctx = multiprocessing.get_context('fork')
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_at_once, args=(host, port, ca, each, go, out)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)     # the clients up, their contexts made
+    before = {name: tree_cpu(pid) for name, pid in (watch or {}).items()}
+    go.set()
+    try:
+        results = [out.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    failed = [r for r in results if isinstance(r, str)]
+    if failed:
+        raise RuntimeError('a client could not open its connections: ' + failed[0])
+    n = clients * each
+    times = [t for _, _, ts in results for t in ts]
+    return {'clients': clients, 'each': each, 'tls': bool(ca), 'wave_ms': 1000 * max(w for w, _, _ in results),
+            'p50_ms': 1000 * percentile(times, 50), 'p99_ms': 1000 * percentile(times, 99),
+            'client_cpu_ms': 1000 * sum(c for _, c, _ in results) / n,
+            'server_cpu_ms': {name: 1000 * (tree_cpu(pid) - before[name]) / n for name, pid in (watch or {}).items()}}
+
+
 def direct_clients(clients, n):
     """How many clients drive n nodes directly against `clients` through the gateway: as many, at least one a node."""
     return max(1, clients // n) * n
@@ -364,6 +451,20 @@ def table(rows):
             print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
 
 
+def wave_table(waves):
+    head = ['C', 'to', 'clients x connections', 'kind', 'slowest client\'s wave', 'a connection p50 / p99',
+            'client CPU a connection', 'server CPU a connection']
+    lines = [['{0} ({1} a node)'.format(w['c'], w['c'] // 2), w['side'], '{0} x {1}'.format(w['clients'], w['each']),
+              'TLS' if w['tls'] else 'TCP', '{0:,.0f} ms'.format(w['wave_ms']),
+              '{0:,.0f} / {1:,.0f} ms'.format(w['p50_ms'], w['p99_ms']), '{0:.2f} ms'.format(w['client_cpu_ms']),
+              ', '.join('{0} {1:.2f} ms'.format(k, v) for k, v in w['server_cpu_ms'].items())] for w in waves]
+    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
+    for i, line in enumerate([head] + lines):
+        print('| ' + ' | '.join(x.ljust(w) for x, w in zip(line, widths, strict=True)) + ' |')
+        if i == 0:
+            print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+
+
 def numbers(text):
     """'1024,512' -> [1024, 512]; None for anything that is not a comma-separated list of integers."""
     try:
@@ -405,6 +506,9 @@ def main():
     ap.add_argument('--front', choices=('haproxy', 'none'), default='haproxy',
                     help='what clients reach: HAProxy in front of smg, as the role deploys it (default), or smg itself')
     ap.add_argument('--haproxy', default=None, help='HAProxy\'s command (default: haproxy on PATH, /usr/sbin/haproxy)')
+    ap.add_argument('--handshakes', action=argparse.BooleanOptionalAction, default=True,
+                    help='first, each side\'s first wave in connections alone: each client\'s connections opened at '
+                         'once, the CPU they cost the clients and the servers (default: on)')
     args = ap.parse_args()
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
     if not levels or any(c < 2 or c % 2 for c in levels):
@@ -500,6 +604,21 @@ def main():
             if args.front == 'haproxy':
                 print('front door: HAProxy ({0}) at {1}, TCP through to smg at 127.0.0.1:{2}'.format(
                     haproxy_version(haproxy), gateway, gw_port), flush=True)
+            waves = []
+            if args.handshakes:
+                # the first waves' connections alone, before any request: the direct side's clients on one node
+                # (plain TCP, as the nodes serve), the gateway side's through the front door (TLS when served)
+                host = '127.0.0.1'
+                gw_watch = {'smg': procs['gateway'].pid}
+                if 'haproxy' in procs:
+                    gw_watch['HAProxy'] = procs['haproxy'].pid
+                for c in levels:
+                    for k in client_counts:
+                        d = direct_clients(k, len(nodes))
+                        waves.append(dict(handshakes(host, ports[0], None, d // len(nodes), c // k,
+                                                     {'engine': procs['emulator 1'].pid}), c=c, side='a node directly'))
+                        waves.append(dict(handshakes(host, front_port, ca, k, c // k, gw_watch), c=c,
+                                          side='the gateway'))
             rows = []
             for c in levels:
                 direct = {}     # the direct side measured once for each count of clients on it
@@ -532,6 +651,10 @@ def main():
               'HAProxy in front of smg' if args.front == 'haproxy' else 'smg itself',
               'HTTPS' if args.tls else 'plain HTTP'))
     table(rows)
+    if waves:
+        print('\nEach first wave in connections alone (before the runs above; each client opening its connections '
+              'at once, the clients starting together):\n')
+        wave_table(waves)
 
 
 if __name__ == '__main__':

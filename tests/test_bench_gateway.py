@@ -1,5 +1,6 @@
 """scripts/bench_gateway.py's arithmetic (the benchmark itself runs by hand: docs/operations.md): its p99 is
 bench_serving's (numpy's percentile), and the overhead compares all the requests of each side's clients together."""
+import os
 import random
 import shutil
 import socket
@@ -7,6 +8,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 
 import bench_gateway
 import numpy
@@ -283,3 +285,90 @@ def test_the_gateways_certificate_is_trusted_through_the_ca_for_127_0_0_1(tmp_pa
     other.mkdir()
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(bench_gateway.make_certificate(str(other))[2])
+
+
+# A TLS (or plain) server in its own process for handshakes(): it counts the connections it accepted (completed
+# handshakes, for TLS) into a file.
+COUNTING_SERVER = r'''
+import asyncio, os, ssl, sys
+count_file, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
+n = 0
+context = None
+if cert:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+async def accepted(reader, writer):
+    global n
+    n += 1
+    with open(count_file + '.new', 'w') as fh:
+        fh.write(str(n))
+    os.replace(count_file + '.new', count_file)
+    await reader.read()
+    writer.close()
+async def main():
+    server = await asyncio.start_server(accepted, '127.0.0.1', 0, ssl=context, backlog=512)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+'''
+
+
+@pytest.fixture
+def counting_server(tmp_path):
+    started = []
+
+    def start(tls):
+        cert, key, ca = bench_gateway.make_certificate(str(tmp_path)) if tls else ('', '', None)
+        count = tmp_path / 'count'
+        p = subprocess.Popen([sys.executable, '-c', COUNTING_SERVER, str(count), cert, key], stdout=subprocess.PIPE,
+                             text=True)
+        started.append(p)
+        return int(p.stdout.readline()), ca, count, p.pid
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.skipif(not shutil.which('openssl'), reason='no openssl on this machine')
+@pytest.mark.parametrize('tls', [True, False], ids=['TLS', 'TCP'])
+def test_the_first_waves_connections_alone_are_opened_by_every_client_and_timed(counting_server, tls):
+    """handshakes(): each of the clients opens its connections (TLS trusting the CA, or plain TCP) - the server
+    counts them all - and the result times each one and the wave, and charges CPU to the clients and the server."""
+    port, ca, count, pid = counting_server(tls)
+    r = bench_gateway.handshakes('127.0.0.1', port, ca, 3, 8, watch={'server': pid})
+    deadline = time.time() + 10      # the server counts a connection a moment after the client has it
+    while int(count.read_text()) < 24 and time.time() < deadline:
+        time.sleep(0.05)
+    assert int(count.read_text()) == 24
+    assert (r['clients'], r['each'], r['tls']) == (3, 8, tls)
+    assert 0 < r['p50_ms'] <= r['p99_ms'] <= r['wave_ms'] + 1
+    assert r['client_cpu_ms'] > 0 and set(r['server_cpu_ms']) == {'server'} and r['server_cpu_ms']['server'] >= 0
+
+
+@pytest.mark.skipif(not shutil.which('openssl'), reason='no openssl on this machine')
+def test_a_client_that_cannot_open_its_connections_is_said(counting_server, tmp_path):
+    """A certificate the clients do not trust: handshakes() says why instead of timing failures."""
+    port, _, _, _ = counting_server(True)
+    other = tmp_path / 'other'
+    other.mkdir()
+    with pytest.raises(RuntimeError, match='could not open its connections: SSLCertVerificationError'):
+        bench_gateway.handshakes('127.0.0.1', port, bench_gateway.make_certificate(str(other))[2], 2, 4, timeout=30)
+
+
+def test_a_processes_cpu_counts_the_processes_under_it():
+    """tree_cpu: a parent that only waits, whose child spins ~0.5 s of CPU, has used that CPU itself."""
+    p = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; subprocess.run([sys.executable, "-c", '
+                          '"import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.5: pass\\n'
+                          'time.sleep(30)"])'])
+    try:
+        deadline = time.time() + 20
+        while bench_gateway.tree_cpu(p.pid) < 0.4 and time.time() < deadline:
+            time.sleep(0.1)
+        assert bench_gateway.tree_cpu(p.pid) >= 0.4
+        assert bench_gateway.tree_cpu(p.pid + 10 ** 7) == 0.0
+    finally:
+        for child in subprocess.run(['pgrep', '-P', str(p.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(child), 9)
+        p.kill()
+        p.wait()
