@@ -369,8 +369,14 @@ def handshakes(host, port, ca, clients, each, watch=None, timeout=120):
     time.sleep(0.5)     # the clients up, their contexts made
     before = {name: tree_cpu(pid) for name, pid in (watch or {}).items()}
     go.set()
+    import queue
     try:
         results = [out.get(timeout=timeout) for _ in procs]
+    except queue.Empty:
+        for p in procs:
+            p.kill()
+        raise RuntimeError('{0} connections at once from {1} clients: not all open after {2} s'.format(
+            each, clients, timeout)) from None
     finally:
         for p in procs:
             p.join(10)
@@ -615,10 +621,15 @@ def main():
                 for c in levels:
                     for k in client_counts:
                         d = direct_clients(k, len(nodes))
-                        waves.append(dict(handshakes(host, ports[0], None, d // len(nodes), c // k,
-                                                     {'engine': procs['emulator 1'].pid}), c=c, side='a node directly'))
-                        waves.append(dict(handshakes(host, front_port, ca, k, c // k, gw_watch), c=c,
-                                          side='the gateway'))
+                        try:
+                            waves.append(dict(handshakes(host, ports[0], None, d // len(nodes), c // k,
+                                                         {'engine': procs['emulator 1'].pid}), c=c,
+                                              side='a node directly'))
+                            waves.append(dict(handshakes(host, front_port, ca, k, c // k, gw_watch), c=c,
+                                              side='the gateway'))
+                        except RuntimeError as exc:
+                            sys.exit('the first waves\' connections alone (--no-handshakes leaves them out): '
+                                     '{0}'.format(exc))
             rows = []
             for c in levels:
                 direct = {}     # the direct side measured once for each count of clients on it

@@ -1,5 +1,6 @@
 """scripts/bench_gateway.py's arithmetic (the benchmark itself runs by hand: docs/operations.md): its p99 is
 bench_serving's (numpy's percentile), and the overhead compares all the requests of each side's clients together."""
+import multiprocessing
 import os
 import random
 import shutil
@@ -354,6 +355,20 @@ def test_a_client_that_cannot_open_its_connections_is_said(counting_server, tmp_
     other.mkdir()
     with pytest.raises(RuntimeError, match='could not open its connections: SSLCertVerificationError'):
         bench_gateway.handshakes('127.0.0.1', port, bench_gateway.make_certificate(str(other))[2], 2, 4, timeout=30)
+
+
+def test_a_wave_that_does_not_open_in_time_is_said_and_its_clients_ended(counting_server, tmp_path):
+    """A server that takes the connections but never answers a TLS hello (a plain one): handshakes() gives up at its
+    timeout with one line, and no client is left behind."""
+    port, _, _, _ = counting_server(False)
+    (tmp_path / 'ca').mkdir()
+    ca = bench_gateway.make_certificate(str(tmp_path / 'ca'))[2]
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match='4 connections at once from 2 clients: not all open after 2 s'):
+        bench_gateway.handshakes('127.0.0.1', port, ca, 2, 4, timeout=2)
+    assert time.time() - t0 < 8
+    time.sleep(0.2)
+    assert not multiprocessing.active_children()
 
 
 def test_a_processes_cpu_counts_the_processes_under_it():
