@@ -431,6 +431,15 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
             else through_steady - direct_steady, 'overflows': (direct_overflows, through_overflows)}
 
 
+def markdown_table(head, lines):
+    """Print head and lines (lists of strings) as a Markdown table, each column as wide as its widest cell."""
+    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
+    for i, line in enumerate([head] + lines):
+        print('| ' + ' | '.join(x.ljust(w) for x, w in zip(line, widths, strict=True)) + ' |')
+        if i == 0:
+            print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+
+
 def table(rows):
     head = ['C', 'clients direct / through the gateway', 'direct p99 TTFT (node 1 / node 2 / both)',
             'gateway p99 TTFT', 'overhead (need <= {0} ms)'.format(BAR_MS),
@@ -450,11 +459,7 @@ def table(rows):
                       '{0:,.0f}'.format(sum(d['tok_s'] for d in r['direct'])), '{0:,.0f}'.format(r['through']['tok_s']),
                       str(sum(d['failed'] for d in r['direct'])), str(r['through']['failed']),
                       ' / '.join('n/a' if n is None else str(n) for n in r['overflows'])])
-    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
-    for i, line in enumerate([head] + lines):
-        print('| ' + ' | '.join(x.ljust(w) for x, w in zip(line, widths, strict=True)) + ' |')
-        if i == 0:
-            print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+    markdown_table(head, lines)
 
 
 def wave_table(waves):
@@ -464,11 +469,7 @@ def wave_table(waves):
               'TLS' if w['tls'] else 'TCP', '{0:,.0f} ms'.format(w['wave_ms']),
               '{0:,.0f} / {1:,.0f} ms'.format(w['p50_ms'], w['p99_ms']), '{0:.2f} ms'.format(w['client_cpu_ms']),
               ', '.join('{0} {1:.2f} ms'.format(k, v) for k, v in w['server_cpu_ms'].items())] for w in waves]
-    widths = [max(len(x) for x in col) for col in zip(head, *lines, strict=True)]
-    for i, line in enumerate([head] + lines):
-        print('| ' + ' | '.join(x.ljust(w) for x, w in zip(line, widths, strict=True)) + ' |')
-        if i == 0:
-            print('|' + '|'.join('-' * (w + 2) for w in widths) + '|')
+    markdown_table(head, lines)
 
 
 def numbers(text):
