@@ -100,8 +100,21 @@ def test_production_example_decrypts_with_the_documented_password(tmp_path):
     inv = inventory('production', '--vault-password-file', str(pw))
     node = inv['_meta']['hostvars']['glm5']
     assert node['vault_pve_root_password'] == 'CHANGE-ME'
-    assert node['pve_container_pve_host'] in inv['pve_hosts']['hosts']
     assert node['pve_container_api_user'] == 'root@pam'
+
+
+@pytest.mark.parametrize('name', ['lab', 'production'])
+def test_every_container_of_an_inventory_names_its_pve_host(name, tmp_path):
+    """Each host of site.yml's container play (nodes, gateways, monitoring) names a PVE host of the inventory:
+    pve_container's first assert refuses one without it. (The production example set it for the nodes only, so its
+    Prometheus container, glm5-prom, stopped the run there.)"""
+    pw = tmp_path / 'pw'
+    pw.write_text('example\n')
+    inv = inventory(name, *(['--vault-password-file', str(pw)] if name == 'production' else []))
+    containers = [h for g in ('inference_nodes', 'gateways', 'monitoring') for h in inv.get(g, {}).get('hosts', [])]
+    assert inv['monitoring']['hosts'], containers                     # both examples watch their nodes
+    for host in containers:
+        assert inv['_meta']['hostvars'][host].get('pve_container_pve_host') in inv['pve_hosts']['hosts'], host
 
 
 def test_nodes_created_in_one_play_forget_their_old_host_keys_one_at_a_time(tmp_path):
