@@ -39,9 +39,14 @@ HOSTVARS = {
 }
 
 
-def scrape(groups=GROUPS, hostvars=HOSTVARS):
+def gpu_defaults():
+    return dict(defaults('gpu_metrics'), **defaults('gpu_preflight'))
+
+
+def scrape(groups=GROUPS, hostvars=HOSTVARS, gpu=None):
     workers = sglang_fleet_workers(groups['inference_nodes'], hostvars, defaults('sglang_service'))
-    return prometheus_scrape(groups, hostvars, workers, defaults('sglang_smoke'), defaults('sglang_gateway'))
+    return prometheus_scrape(groups, hostvars, workers, defaults('sglang_smoke'), defaults('sglang_gateway'),
+                             gpu_defaults() if gpu is None else gpu)
 
 
 def render(name, dest, gpu_hosts=None, **extra):
@@ -92,6 +97,16 @@ def test_a_host_without_the_gpu_metrics_is_neither_scraped_nor_given_a_gpu_thres
     # the lab's: the PVE host is this machine, reached with a local connection
     hv = dict(HOSTVARS, pve1={'ansible_connection': 'local', 'gpu_metrics_port': 29001})
     assert scrape(hostvars=hv)['pve_hosts'] == [{'host': 'pve1', 'gpus': 8, 'target': '127.0.0.1:29001'}]
+
+
+def test_a_pve_host_without_its_gpu_metrics_settings_takes_those_roles_defaults():
+    """What a PVE host that sets none of them is scraped for comes from gpu_metrics' and gpu_preflight's defaults, as
+    those roles deploy it (the filter had its own copies: 9100, 8 GPUs, on)."""
+    hv = dict(HOSTVARS, pve1={'ansible_host': '10.0.0.5'})
+    assert scrape(hostvars=hv)['pve_hosts'] == [{'host': 'pve1', 'gpus': 8, 'target': '10.0.0.5:9100'}]
+    other = {'gpu_metrics_enabled': True, 'gpu_metrics_port': 9400, 'gpu_preflight_gpu_count': 4}
+    assert scrape(hostvars=hv, gpu=other)['pve_hosts'] == [{'host': 'pve1', 'gpus': 4, 'target': '10.0.0.5:9400'}]
+    assert scrape(hostvars=hv, gpu=dict(other, gpu_metrics_enabled=False))['pve_hosts'] == []
 
 
 def test_the_floor_follows_the_smoke_tests_speed_factor_and_baseline():

@@ -42,11 +42,12 @@ def _target(url):
     return parts.scheme, '{0}:{1}'.format(host, port)
 
 
-def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_defaults):
+def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_defaults, gpu_defaults):
     """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, handoff_target,
     nodes}], pve_hosts: [{host, gpus, target}] (those with the GPU metrics: roles/gpu_metrics), problems: [...]}.
     workers: sglang_fleet_workers over the inference nodes; gateway_defaults: sglang_gateway's role defaults (the
-    metrics ports a gateway has when its inventory sets none). A gateway's handoff_target is the metrics port of its
+    metrics ports a gateway has when its inventory sets none); gpu_defaults: gpu_metrics' and gpu_preflight's (whether a
+    PVE host has GPU metrics, on which port, how many GPUs it must show). A gateway's handoff_target is the metrics port of its
     second smg, which serves only while the first restarts (sglang_gateway's tasks/handoff.yml)."""
     out = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
     for w in workers:
@@ -79,13 +80,14 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_default
                                 'nodes': list(_get(hv, 'sglang_gateway_nodes', groups.get('inference_nodes', [])))})
     for name in groups.get('pve_hosts', []):
         hv = hostvars[name]
-        if not _get(hv, 'gpu_metrics_enabled', True):
+        if not _get(hv, 'gpu_metrics_enabled', gpu_defaults['gpu_metrics_enabled']):
             continue            # no GPU metrics there (roles/gpu_metrics skipped): nothing to scrape, no threshold
         address = _get(hv, 'ansible_host', name)
         if _get(hv, 'ansible_connection', '') == 'local':
             address = '127.0.0.1'
-        out['pve_hosts'].append({'host': name, 'gpus': int(_get(hv, 'gpu_preflight_gpu_count', 8)),
-                                 'target': '{0}:{1}'.format(address, int(_get(hv, 'gpu_metrics_port', 9100)))})
+        out['pve_hosts'].append({
+            'host': name, 'gpus': int(_get(hv, 'gpu_preflight_gpu_count', gpu_defaults['gpu_preflight_gpu_count'])),
+            'target': '{0}:{1}'.format(address, int(_get(hv, 'gpu_metrics_port', gpu_defaults['gpu_metrics_port'])))})
     return out
 
 
