@@ -101,7 +101,7 @@ def test_the_lab_gateway_its_contract_and_worker_urls_from_the_roles_filter():
     with no key rendered on the way."""
     inv = Inventory(LAB)
     gw, = fleet.gateways(inv)
-    assert gw.name == 'glm5-gw' and gw.nodes == LAB_NODES
+    assert gw.name == 'glm5-gw' and gw.nodes == [dict(n, known=True) for n in LAB_NODES]
     assert gw.contract['ca_cert'] == '/var/lib/glm5-lab/fleet/gateway-ca/ca.crt'
     assert gw.contract['ca_file'] == '/usr/local/share/ca-certificates/glm5-gateway-ca.crt'
     assert gw.contract['client_url'] == 'https://127.0.0.1:30130'

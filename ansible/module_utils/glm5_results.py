@@ -152,9 +152,12 @@ def parse_jsonl(text):
         if not line:
             continue
         try:
-            out.append(json.loads(line))
+            item = json.loads(line)
         except ValueError as exc:
             raise ValueError('line {0} is not JSON: {1}'.format(n, exc)) from None
+        if not isinstance(item, dict):
+            raise ValueError('line {0} is not a JSON object: {1}'.format(n, line[:80]))
+        out.append(item)
     return out
 
 

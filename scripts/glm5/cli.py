@@ -124,7 +124,9 @@ def parser():
     c.add_argument('runs', nargs='*', metavar='RUN', help='a run (its folder name, or a unique prefix)')
     c.add_argument('--out', help='where the plot goes (default: ./glm5-compare-A-vs-B.png)')
     r = sub.add_parser('restart', parents=[common], help='graceful restart: drain, stop, start, ready')
-    r.add_argument('--timeout', type=int, help='seconds to wait for readiness (default: sglang_service_ready_timeout)')
+    r.add_argument('--timeout', type=_number(int, 1, '--timeout'),
+                   help='seconds to wait for readiness, and for the drain and the join behind a gateway (default: '
+                        'sglang_service_ready_timeout, sglang_gateway_drain_timeout, sglang_gateway_join_timeout)')
     r.add_argument('--force', action='store_true',
                    help='restart it even when it is the last node serving through its gateway')
     f = sub.add_parser('fleet', parents=[common], help="the gateway's view of the nodes")

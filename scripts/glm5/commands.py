@@ -71,7 +71,7 @@ def _fleet_node(args, inv, what):
 
 def _gateway_timeout(args, gws, var):
     """--timeout, else the longest of the gateways' own bound (the variable, its default the role's: one place)."""
-    return args.timeout or max(int(g.hv.get(var)) for g in gws)
+    return args.timeout or max(g.hv.number(var) for g in gws)
 
 
 def _membership(args, inv, what, timeout_var, act, done_key, error):
@@ -302,8 +302,8 @@ def cmd_restart(args, inv):
         launch = node.launch()
         if launch is None:
             raise OpsError('{0}: no unit {1} in the container'.format(node.name, node.unit))
-        timeout = args.timeout or int(node.hv.get('sglang_service_ready_timeout'))
-        stop_timeout = int(node.hv.get('sglang_service_stop_timeout')) + 60
+        timeout = args.timeout or node.hv.number('sglang_service_ready_timeout')
+        stop_timeout = node.hv.number('sglang_service_stop_timeout') + 60
         node.lock('glm5 restart')
         if gws:
             drain_timeout = _gateway_timeout(args, gws, 'sglang_gateway_drain_timeout')

@@ -26,7 +26,7 @@ from glm5.transport import connect
 
 # An HTTP request, run in a container: argv[1:] method, URL, the file holding the bearer key ('': none) and, for an
 # environment file, the key's variable; a body (JSON) on stdin. One line of JSON: status (a number, 'refused' when
-# nothing listens, else the error's type), body, seconds.
+# nothing listens, else the error's type), body (the key sent, where the far side echoes it, as ***), seconds.
 REQUEST = r'''
 import json, sys, time, urllib.error, urllib.request
 method, url, keyfile, var = sys.argv[1:5]
@@ -38,7 +38,8 @@ if keyfile:
         if not found:
             sys.exit('no ' + var + ' in ' + keyfile)
         key = found[-1].strip('"\'')
-    headers['Authorization'] = 'Bearer ' + key.strip()
+    key = key.strip()
+    headers['Authorization'] = 'Bearer ' + key
 body = sys.stdin.read().encode() if method in ('POST', 'PUT') else None
 t = time.monotonic()
 try:
@@ -49,6 +50,8 @@ except urllib.error.HTTPError as e:
 except Exception as e:
     why = getattr(e, 'reason', e)
     code, out = 'refused' if isinstance(why, ConnectionRefusedError) else type(e).__name__, str(why).encode()
+if keyfile and key:
+    out = out.replace(key.encode(), b'***')     # a far side that echoes the request shows no key
 print(json.dumps({'status': code, 'body': out.decode('utf-8', 'replace'), 'seconds': round(time.monotonic() - t, 3)}))
 '''
 # The drained list changed in the gateway's container: argv[1:] the file, add or remove, the node; the entry (JSON)
@@ -116,7 +119,7 @@ def circuit_states(metrics):
             url = line.split('worker="', 1)[1].split('"', 1)[0]
             try:
                 out[url.rstrip('/')] = CIRCUIT.get(int(float(line.rsplit(None, 1)[1])), line.rsplit(None, 1)[1])
-            except ValueError:
+            except (ValueError, IndexError):            # a line without its value: no state for that worker
                 continue
     return out
 
@@ -160,7 +163,10 @@ def fleet_view(name, nodes, workers, drained, circuits):
     for n in nodes:
         if n['url'] not in inside:
             r = row(n['node'], n['url'], in_gateway=False, id=None, healthy=None, status='out', load=None, circuit=None)
-            if not r['drained']:
+            if n.get('known') is False:
+                problems.append('sglang_gateway_nodes of {0} names {1}, which is not an inventory host'.format(
+                    name, n['node']))
+            elif not r['drained']:
                 problems.append('{0} is not in {1} and not drained: a deploy adds it once its smoke test passes; '
                                 'glm5 undrain {0} adds it now'.format(n['node'], name))
     order = {n['node']: i for i, n in enumerate(nodes)}
@@ -215,9 +221,12 @@ class Gateway(object):
         if out['status'] != 200:
             self._fail('GET {0}/workers'.format(self.url), out)
         try:
-            return json.loads(out['body'])['workers']
+            workers = json.loads(out['body'])['workers']
         except (ValueError, KeyError, TypeError):
-            raise OpsError('{0}: GET {1}/workers is not the gateway\'s worker list'.format(self.name, self.url)) from None
+            workers = None
+        if not isinstance(workers, list) or not all(isinstance(w, dict) for w in workers):
+            raise OpsError('{0}: GET {1}/workers is not the gateway\'s worker list'.format(self.name, self.url))
+        return workers
 
     def remove(self, worker_id):
         out = self.request('DELETE', '/workers/' + worker_id)
@@ -313,7 +322,8 @@ def gateways(inv, wanted=None, every=False):
         contract = gateway_contract(inv, name, hv)
         # each node's worker URL exactly as the role computes it (its filter), never a key
         workers = filter_plugin('sglang_fleet_workers')(list(contract['nodes'] or []), hostvars, inv.defaults)
-        out.append(Gateway(name, contract, connect(hv), [{'node': w['node'], 'url': w['url']} for w in workers], hv))
+        out.append(Gateway(name, contract, connect(hv), [{'node': w['node'], 'url': w['url'], 'known': w['known']}
+                                                         for w in workers], hv))
     return out
 
 
@@ -406,8 +416,8 @@ def in_flight(node):
             res['running'] = sum(int(x.get('num_running_reqs') or 0) for x in loads)
             res['waiting'] = sum(int(x.get('num_waiting_reqs') or 0) for x in loads)
             res['total'] = res['running'] + res['waiting']
-        except (ValueError, KeyError, TypeError):
-            pass
+        except (ValueError, KeyError, TypeError, AttributeError):     # not sglang's shape: the load is not known
+            res['running'] = res['waiting'] = None
     return res
 
 
@@ -508,16 +518,22 @@ def undrain(gws, node, timeout, say, interval=1, record=True):
                                         'kept_out': True})
                 gws = [g for g in gws if g is not gw]
                 continue
-        before = gw.mark('remove', node.name) if record else None
+        # what the gateway has and the node's key first: a node whose key cannot be read stays drained
         there = [w for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
+        if not there and key is None:
+            r = node.ssh.run('cat {0}'.format(shlex.quote(node.contract['key_file'])))
+            if not r.ok or not r.stdout.strip():
+                raise OpsError('{0}: cannot read its key {1}: {2}'.format(
+                    node.name, node.contract['key_file'], r.stderr.strip() or 'empty'))
+            key = r.stdout.strip()
+        before = gw.mark('remove', node.name) if record else None
         if not there:
-            if key is None:
-                r = node.ssh.run('cat {0}'.format(shlex.quote(node.contract['key_file'])))
-                if not r.ok or not r.stdout.strip():
-                    raise OpsError('{0}: cannot read its key {1}: {2}'.format(
-                        node.name, node.contract['key_file'], r.stderr.strip() or 'empty'))
-                key = r.stdout.strip()
-            gw.add(worker, key)
+            try:
+                gw.add(worker, key)
+            except OpsError as exc:
+                if before:              # not added: drained again, as it was
+                    gw.mark('add', node.name, before)
+                raise OpsError('{0}{1}'.format(exc, '; it stays drained' if before else '')) from None
         say('{0}: {1} {2} ({3}){4}'.format(node.name, 'in' if there else 'added to', gw.name, worker,
                                            ', no longer drained' if before else ''))
         res['gateways'].append({'gateway': gw.name, 'worker': worker, 'added': not there, 'drained_before': before})

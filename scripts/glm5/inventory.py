@@ -129,6 +129,20 @@ class HostVars(object):
         value = self.render(key, self.variables[key])
         return default if value is None else value
 
+    def number(self, key, default=None, low=1, high=None):
+        """The variable as a whole number from low to high (an inventory's port, a timeout); else a usage error naming
+        it."""
+        value = self.get(key, default)
+        try:
+            n = None if isinstance(value, bool) else int(str(value).strip())
+        except ValueError:
+            n = None
+        if n is None or n < low or (high is not None and n > high):
+            raise UsageError('{0}: {1} must be a whole number {2}, got {3!r}'.format(
+                self.name, key, 'from {0} to {1}'.format(low, high) if high is not None else 'of at least {0}'.format(low),
+                value))
+        return n
+
     def render(self, key, raw):
         """raw (the value of variable key) templated with this host's variables."""
         try:

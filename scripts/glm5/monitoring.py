@@ -32,7 +32,7 @@ def monitoring_status(inv, name):
     """{host, url, page, alerts_url, queries, firing: [{alert, where, summary, since}], problems}. url: Prometheus as
     its inventory address gives it (what a browser on the operator's network opens)."""
     hv = inv.host_vars(name)
-    port = int(hv.get('prometheus_port'))
+    port = hv.number('prometheus_port', None, 1, 65535)
     base = 'http://{0}:{1}'.format(hv.get('ansible_host') or name, port)
     st = {'host': name, 'url': base, 'page': base + '/consoles/glm5.html', 'alerts_url': base + '/alerts',
           'queries': [{'what': w, 'expr': e, 'link': graph_link(base, e)} for w, e in QUERIES], 'firing': [],
@@ -54,7 +54,7 @@ def monitoring_status(inv, name):
             st['firing'].append({'alert': labels['alertname'], 'where': where, 'severity': labels.get('severity', ''),
                                  'summary': a.get('annotations', {}).get('summary', ''), 'since': a.get('activeAt')})
             st['problems'].append('{0} firing for {1}'.format(labels['alertname'], where))
-    except (OpsError, ValueError, KeyError) as exc:
+    except (OpsError, ValueError, KeyError, TypeError, AttributeError) as exc:   # an answer of another shape too
         st['problems'].append('Prometheus on {0}: {1}'.format(name, str(exc).split(': ', 1)[-1]))
     finally:
         if shell is not None:

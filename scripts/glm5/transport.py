@@ -46,7 +46,7 @@ class Ssh(object):
         from fabric import Connection
         self.hv, self.name = hv, hv.name
         host = hv.get('ansible_host', hv.name)
-        port = int(hv.get('ansible_port', 22))
+        port = hv.number('ansible_port', 22, 1, 65535)
         user = hv.get('ansible_user') or hv.get('ansible_ssh_user') or getpass.getuser()
         self.where = '{0}@{1}:{2}'.format(user, host, port)
         kwargs = {'look_for_keys': True, 'allow_agent': True, 'banner_timeout': 10, 'auth_timeout': 10}
