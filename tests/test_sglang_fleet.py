@@ -71,14 +71,25 @@ def test_each_node_is_a_worker_at_its_own_url():
      'a: sglang listens on 127.0.0.1 only (sglang_service_host) but the gateway reaches it at http://10.0.0.1:30000'),
     (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': 2},
      'glm5_rolling_batch 2 restarts every node behind gw at once (it has 2): at most 1 keeps one serving'),
-    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': '1'},
-     "glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got '1'"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': '50%'},
+     "glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got '50%'"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': '0'},
+     "glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got 0"),
+    (['a', 'b'], {'a': {'sglang_service_port': 1}, 'b': {'sglang_service_port': 2}}, {'batch': '2'},
+     'glm5_rolling_batch 2 restarts every node behind gw at once (it has 2): at most 1 keeps one serving'),
     (['a'], {'a': {}}, {}, 'the gateway gw has one node (a): a deploy that restarts it takes the service down'),
 ])
 def test_bad_fleet_settings_are_one_line_each(names, nodes, kwargs, words):
     found = problems(names, **dict(kwargs), **nodes)
     assert any(p.startswith(words) for p in found), found
     assert all(KEY not in p for p in found), found   # names, never a key's value
+
+
+def test_a_rolling_batch_given_on_the_command_line_is_taken():
+    """-e glm5_rolling_batch=2, as docs/variables.md says, arrives as the string '2': it was refused as not a whole
+    number."""
+    three = {n: {'sglang_service_port': i} for i, n in enumerate('abc', 1)}
+    assert problems(['a', 'b', 'c'], batch='2', **three) == [] == problems(['a', 'b', 'c'], batch=2, **three)
 
 
 def test_a_key_change_is_a_key_every_node_takes_beside_the_other():

@@ -106,6 +106,8 @@ def sglang_fleet_problems(workers, gateway, api_key='', admin_key='', batch=1, a
                                     'refuse those requests; use the same variables for both (docs/security.md, '
                                     '"Changing the key")'.format(var, gateway, w['node']))
     distinct = len(set(names))
+    if isinstance(batch, str) and batch.strip().isdigit():
+        batch = int(batch)              # -e glm5_rolling_batch=2 (an extra var on the command line is a string)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         problems.append('glm5_rolling_batch must be a whole number >= 1 (nodes restarted at once), got {0!r}'.format(
             batch))
