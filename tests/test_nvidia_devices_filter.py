@@ -70,6 +70,10 @@ def test_gpu_numbering_is_numeric_not_lexical():
     (EIGHT, {'gpus': [0, 0]}, 'lists GPU 0 more than once'),
     ([node('/dev/nvidia0'), node('/dev/nvidiactl')], {}, '/dev/nvidia-uvm missing'),
     (EIGHT, {'mode': 'rw'}, 'mode must be'),
+    # pve_container_gpu_mode: 0644 unquoted reaches the filter as 420, and became mode 0420
+    (EIGHT, {'mode': 0o644}, 'pve_container_gpu_mode must be quoted, e.g. "0660" (unquoted, YAML reads 0660 as the number '
+                             '432), got the number 420'),
+    (EIGHT, {'mode': 660}, 'got the number 660'),
 ])
 def test_errors_say_what_is_wrong(files, kwargs, words):
     with pytest.raises(Exception) as err:

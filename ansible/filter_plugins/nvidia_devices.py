@@ -127,7 +127,11 @@ def nvidia_passthrough_problems(files, gpus='all', count=None, mode='host', driv
     if absent:
         problems.append('{0} missing on the PVE host: run nvidia-modprobe -u -c0 at boot before containers start'
                         .format(', '.join(absent)))
-    if mode != 'host' and not re.fullmatch(r'0?[0-7]{3}', str(mode)):
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        # YAML reads an unquoted 0660 as the number 432 (and 660 as six hundred and sixty): which mode was meant is lost
+        problems.append('pve_container_gpu_mode must be quoted, e.g. "0660" (unquoted, YAML reads 0660 as the number '
+                        '432), got the number {0}'.format(mode))
+    elif mode != 'host' and not re.fullmatch(r'0?[0-7]{3}', str(mode)):
         problems.append('pve_container_gpu_mode must be "host" or octal like 0666, got {0!r}'.format(mode))
     if gid not in ('', None) and not re.fullmatch(r'\d+', str(gid)):
         problems.append('pve_container_gpu_gid must be a numeric gid or empty, got {0!r}'.format(gid))
