@@ -201,3 +201,18 @@ def test_a_history_line_that_is_not_an_object_is_named():
     with pytest.raises(ValueError) as e:
         parse_jsonl('{"a": 1}\n[1, 2]\n')
     assert str(e.value) == 'line 2 is not a JSON object: [1, 2]'
+
+
+def test_hosts_at_ipv6_addresses_are_urls_with_brackets(tmp_path):
+    """The gateway's client URL (its contract, rendered by Ansible as the roles render it) and Prometheus' links, for
+    hosts whose ansible_host is an IPv6 address (they were http://fd00::9:30000)."""
+    inv = Inventory(write_inventory(tmp_path / 'inv', nodes={'n1': {'ansible_host': 'fd00::11'}},
+                                    gateway_vars={'sglang_gateway_nodes': ['n1'], 'ansible_host': 'fd00::9'},
+                                    monitoring_vars={'ansible_host': 'fd00::40', 'prometheus_port': 9090}))
+    gw, = fleet.gateways(inv)
+    assert gw.contract['client_url'].split('//')[1].startswith('[fd00::9]:'), gw.contract['client_url']
+    assert gw.nodes == [{'node': 'n1', 'url': 'http://[fd00::11]:30000', 'known': True}]
+    # Prometheus' own page as an operator opens it (its alerts are asked at 127.0.0.1 in its container: here, a closed
+    # port of this machine)
+    st = monitoring.monitoring_status(inv, 'prom')
+    assert (st['page'], st['alerts_url']) == ('http://[fd00::40]:9090/consoles/glm5.html', 'http://[fd00::40]:9090/alerts')

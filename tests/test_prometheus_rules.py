@@ -232,3 +232,10 @@ def test_the_fleets_page_is_a_go_template_after_ansibles_jinja(tmp_path):
     assert page.startswith('{{/* Ansible managed: ') and '{% raw %}' not in page and '{% endraw %}' not in page
     assert page.count('{{ range query ') == 3 and page.count('{{ end }}') > 20
     assert page.count('{{') == page.count('}}')
+
+
+def test_a_gateway_and_a_pve_host_at_ipv6_addresses_are_scraped_in_brackets():
+    hv = dict(HOSTVARS, gw=dict(HOSTVARS['gw'], ansible_host='fd00::9'), pve1=dict(HOSTVARS['pve1'], ansible_host='fd00::5'))
+    s = scrape(hostvars=hv)
+    assert (s['gateways'][0]['target'], s['gateways'][0]['handoff_target']) == ('[fd00::9]:29000', '[fd00::9]:29001')
+    assert s['pve_hosts'][0]['target'] == '[fd00::5]:9100'

@@ -426,3 +426,11 @@ def test_in_flight_is_running_and_waiting_over_every_rank():
              {'dp_rank': 1, 'num_running_reqs': 1, 'num_waiting_reqs': 0}, {'dp_rank': 2}]
     assert sglang_in_flight(loads) == 6
     assert sglang_in_flight([]) == sglang_in_flight(None) == 0
+
+
+def test_a_node_at_an_ipv6_address_is_a_worker_url_with_brackets():
+    """ansible_host: fd00::11 gave http://fd00::11:30000, refused as a bad sglang_gateway_worker_url (never set)."""
+    six = {'a': {'ansible_host': 'fd00::11', 'sglang_service_host': '::'},
+           'b': {'ansible_host': '[fd00::12]', 'sglang_service_host': '::'}}
+    assert [w['url'] for w in workers(['a', 'b'], **six)] == ['http://[fd00::11]:30000', 'http://[fd00::12]:30000']
+    assert problems(['a', 'b'], **six) == []

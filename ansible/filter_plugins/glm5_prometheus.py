@@ -30,6 +30,12 @@ def _floor(hv, smoke_defaults):
     return round(float(levels[-1][1]['output_tok_s']) * tolerance * speed, 3)
 
 
+def _host(address):
+    """An address as it goes before :port in a target: an IPv6 address in brackets."""
+    address = str(address)
+    return '[{0}]'.format(address) if ':' in address and not address.startswith('[') else address
+
+
 def _target(url):
     parts = urlsplit(url)
     try:
@@ -72,7 +78,7 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_default
                                'pve_host': str(_get(hv, 'pve_container_pve_host', ''))})
     for name in groups.get('gateways', []):
         hv = hostvars[name]
-        address = _get(hv, 'ansible_host', name)
+        address = _host(_get(hv, 'ansible_host', name))
         ports = [_get(hv, v, gateway_defaults.get(v)) for v in ('sglang_gateway_metrics_port',
                                                                  'sglang_gateway_handoff_metrics_port')]
         out['gateways'].append({'gateway': name, 'target': '{0}:{1}'.format(address, ports[0]),
@@ -82,7 +88,7 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_default
         hv = hostvars[name]
         if not _get(hv, 'gpu_metrics_enabled', gpu_defaults['gpu_metrics_enabled']):
             continue            # no GPU metrics there (roles/gpu_metrics skipped): nothing to scrape, no threshold
-        address = _get(hv, 'ansible_host', name)
+        address = _host(_get(hv, 'ansible_host', name))
         if _get(hv, 'ansible_connection', '') == 'local':
             address = '127.0.0.1'
         out['pve_hosts'].append({

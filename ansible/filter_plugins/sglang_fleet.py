@@ -13,6 +13,12 @@ def _get(hv, name, default):
     return default if value is None else value
 
 
+def _host(address):
+    """An address as it goes before :port in a URL: an IPv6 address in brackets."""
+    address = str(address)
+    return '[{0}]'.format(address) if ':' in address and not address.startswith('[') else address
+
+
 def sglang_fleet_workers(names, hostvars, service_defaults):
     """Each node the gateway routes to, in order: {node, url, key, listen, known}.
 
@@ -26,7 +32,7 @@ def sglang_fleet_workers(names, hostvars, service_defaults):
             continue
         hv = hostvars[name]
         port = _get(hv, 'sglang_service_port', service_defaults.get('sglang_service_port'))
-        url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(_get(hv, 'ansible_host', name), port)
+        url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(_host(_get(hv, 'ansible_host', name)), port)
         workers.append({'node': name, 'url': str(url).rstrip('/'), 'key': str(_get(hv, 'sglang_service_api_key', '')),
                         'secondary': str(_get(hv, 'sglang_service_api_key_secondary', '')),
                         'listen': str(_get(hv, 'sglang_service_host', service_defaults.get('sglang_service_host'))),
@@ -179,4 +185,4 @@ class FilterModule(object):
     def filters(self):
         return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
                 'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight,
-                'sglang_leave_problem': sglang_leave_problem}
+                'sglang_leave_problem': sglang_leave_problem, 'glm5_url_host': _host}

@@ -33,7 +33,8 @@ def monitoring_status(inv, name):
     its inventory address gives it (what a browser on the operator's network opens)."""
     hv = inv.host_vars(name)
     port = hv.number('prometheus_port', None, 1, 65535)
-    base = 'http://{0}:{1}'.format(hv.get('ansible_host') or name, port)
+    host = str(hv.get('ansible_host') or name)
+    base = 'http://{0}:{1}'.format('[{0}]'.format(host) if ':' in host and not host.startswith('[') else host, port)
     st = {'host': name, 'url': base, 'page': base + '/consoles/glm5.html', 'alerts_url': base + '/alerts',
           'queries': [{'what': w, 'expr': e, 'link': graph_link(base, e)} for w, e in QUERIES], 'firing': [],
           'problems': []}
