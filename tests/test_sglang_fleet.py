@@ -143,9 +143,17 @@ def test_the_gateways_parser_refuses_with_its_own_words(argv, words):
     assert words in result['parser_message'], result
 
 
-def test_no_gateway_environment_is_said():
+def test_no_gateway_environment_is_said(tmp_path):
     ok, result = sglang_gateway_args.check('/nonexistent/bin/python', ['--port', '1'])
     assert not ok and 'is the gateway environment installed' in result['parser_message']
+    # the environment's folder, or a python that cannot be run, instead of its bin/python: was a PermissionError
+    import sglang_server_args
+    (tmp_path / 'python').write_text('')
+    for python in (str(tmp_path), str(tmp_path / 'python')):
+        for module, what in ((sglang_gateway_args, 'gateway'), (sglang_server_args, 'SGLang')):
+            ok, result = module.check(python, ['--port', '1'])
+            assert not ok and result['parser_message'] == '{0} cannot be run (Permission denied): is the {1} ' \
+                'environment installed?'.format(python, what), result
 
 
 # ---------------------------------------------------------------- the gateway's start (files/gateway-launch.py)

@@ -61,3 +61,16 @@ def test_the_timeout_names_the_time_and_what_answered(monkeypatch):
     ok, out = wait(dict(ARGS, timeout=25), **kw)
     assert not ok and 'not ready after 25 s' in out['msg'] and 'HTTP 503.' in out['msg'], out['msg']
     assert 'another process' not in out['msg'] and out['msg'].endswith('(no journal lines)'), out['msg']
+
+
+def test_a_url_without_its_scheme_is_refused_at_once_in_check_mode_too(capsys, monkeypatch):
+    """'127.0.0.1:30000/health_generate' is a URL of the scheme '127.0.0.1' to urllib: every poll failed until the
+    timeout (an hour by default; 2 s here, the unit scripted as starting), then 'unknown url type'."""
+    import modrun
+    monkeypatch.setattr(sglang_ready, 'unit_state', lambda unit: {'ActiveState': 'activating', 'NRestarts': 0})
+    monkeypatch.setattr(sglang_ready, 'journal', lambda unit, lines: [])
+    for check_mode in (False, True):
+        out = modrun.run_module(sglang_ready, capsys, check_mode=check_mode, url='127.0.0.1:30000/health_generate',
+                                unit='glm5-sglang', timeout=2, poll=1)
+        assert out['failed'] and out['msg'] == ("url must be http(s)://host:port/path, got "
+                                                "'127.0.0.1:30000/health_generate'"), out

@@ -78,6 +78,9 @@ def check(python, argv, timeout=120):
     except FileNotFoundError:
         return False, {'parser_message': '{0} not found: is the gateway environment installed?'.format(python),
                        'rc': None}
+    except OSError as exc:              # a folder, a file that is not executable
+        return False, {'parser_message': '{0} cannot be run ({1}): is the gateway environment installed?'.format(
+            python, exc.strerror or exc), 'rc': None}
     except subprocess.TimeoutExpired:
         return False, {'parser_message': 'the check took longer than {0} s'.format(timeout), 'rc': None}
     for line in proc.stdout.splitlines():

@@ -49,6 +49,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.glm5_systemd import unit_state
@@ -124,6 +125,10 @@ def main():
     p = module.params
     if p['timeout'] < 1 or p['poll'] <= 0 or p['max_restarts'] < 1:
         module.fail_json(msg='timeout and max_restarts must be >= 1 and poll > 0')
+    parts = urlsplit(p['url'])
+    if parts.scheme not in ('http', 'https') or not parts.netloc:
+        # urllib would take it for a URL of another kind, and the wait would last the whole timeout
+        module.fail_json(msg='url must be http(s)://host:port/path, got {0!r}'.format(p['url']))
     if module.check_mode:
         module.exit_json(changed=False, status=None, seconds=0.0, unit={}, restarts=0,
                          msg='check mode: would wait up to {0} s for {1}'.format(p['timeout'], p['url']))

@@ -92,6 +92,9 @@ def check(python, argv, full=False, timeout=300):
     except FileNotFoundError:
         return False, {'parser_message': '{0} not found: is the SGLang environment installed?'.format(python),
                        'rc': None, 'stderr': ''}
+    except OSError as exc:              # a folder, a file that is not executable
+        return False, {'parser_message': '{0} cannot be run ({1}): is the SGLang environment installed?'.format(
+            python, exc.strerror or exc), 'rc': None, 'stderr': ''}
     except subprocess.TimeoutExpired:
         return False, {'parser_message': 'the check took longer than {0} s'.format(timeout), 'rc': None,
                        'stderr': ''}
