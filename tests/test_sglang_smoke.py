@@ -65,6 +65,7 @@ def test_the_defaults_are_usable_and_are_the_seeds_table():
     ({'limits': {1: {'p99_tpot_ms': 'fast'}}}, 'sglang_smoke_limits[1].p99_tpot_ms'),
     ({'limits': [1, 2]}, 'sglang_smoke_limits must map'),
     ({'probes': [{'prompt': 'hi'}]}, 'needs a non-empty prompt and expect'),
+    ({'probes': [{'prompt': 'What is 17 + 25?', 'expect': 42}]}, 'both text (quote a number: expect: "42")'),
     ({'speed_factor': 0}, 'sglang_smoke_speed_factor must be a number > 0'),
     ({'speed_factor': 'fast'}, "sglang_smoke_speed_factor must be a number > 0 (1 on a real node"),
 ])
@@ -72,6 +73,16 @@ def test_bad_settings_are_named(change, words):
     cfg = dict(defaults(), **change)
     problems = results.config_problems(cfg)
     assert any(words in p for p in problems), problems
+
+
+@pytest.mark.parametrize('expect', [42, 0, '', ' '])
+def test_the_probe_module_refuses_an_expect_that_is_not_text_before_asking(capsys, expect):
+    """sglang_probe with expect: 42 sent its request and then failed with a TypeError; expect: 0 was 'missing'. Nothing
+    listens at its URL here: a refusal before asking is the only way this passes."""
+    import sglang_probe
+    out = run_module(sglang_probe, capsys, url='http://127.0.0.1:9', model='m',
+                     probes=[{'prompt': 'What is 17 + 25?', 'expect': expect}])
+    assert out['failed'] and out['msg'].startswith('probes[0] needs a prompt and an expect, both text'), out
 
 
 def test_the_lab_test_speed_scales_baseline_and_limits_by_exactly_its_factor():
@@ -533,3 +544,15 @@ def test_an_engine_that_restarted_during_a_level_is_said_so_and_fails_it():
     sweep = [{'concurrency': 1, 'prompts': 8, 'line': None, 'error': text + '; bench_serving exited 1', 'engine': text}]
     (level,) = results.evaluate(sweep, records, cfg)
     assert level['gates'][0]['text'].startswith('no result from bench_serving at concurrency 1: the engine stopped')
+
+
+def test_the_bench_module_refuses_relative_files_before_running(capsys, tmp_path, monkeypatch):
+    """output_file: bench.jsonl was a FileNotFoundError traceback from os.makedirs('')."""
+    import sglang_bench
+    monkeypatch.chdir(tmp_path)
+    out = run_module(sglang_bench, capsys, python='/bin/false', base_url='http://127.0.0.1:9', model='m',
+                     tokenizer=str(tmp_path), concurrency=1, prompts=1, output_file='bench.jsonl',
+                     log_file=str(tmp_path / 'bench.log'), samples_file='gpu.jsonl', nvidia_smi='')
+    assert out['failed'] and out['msg'] == ("output_file, samples_file must be absolute paths, got 'bench.jsonl', "
+                                            "'gpu.jsonl'"), out
+    assert os.listdir(tmp_path) == []

@@ -134,7 +134,8 @@ def config_problems(cfg):
         for i, probe in enumerate(probes):
             if not isinstance(probe, dict) or any(not isinstance(probe.get(k), str) or not probe.get(k).strip()
                                                    for k in PROBE_KEYS):
-                problems.append('sglang_smoke_probes[{0}] needs a non-empty prompt and expect, got {1!r}'.format(i, probe))
+                problems.append('sglang_smoke_probes[{0}] needs a non-empty prompt and expect, both text (quote a '
+                                'number: expect: "42"), got {1!r}'.format(i, probe))
     return problems
 
 

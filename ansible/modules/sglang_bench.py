@@ -392,6 +392,11 @@ def main():
     )
     if module.params['concurrency'] < 1 or module.params['prompts'] < 1:
         module.fail_json(msg='concurrency and prompts must be >= 1')
+    relative = [k for k in ('output_file', 'log_file', 'samples_file') if not os.path.isabs(module.params[k])]
+    if relative:
+        # a relative path is relative to wherever the module happens to run (os.makedirs('') failed on it)
+        module.fail_json(msg='{0} must be absolute paths, got {1}'.format(
+            ', '.join(relative), ', '.join(repr(module.params[k]) for k in relative)))
     module.exit_json(**run(module))
 
 

@@ -110,8 +110,11 @@ def ask(url, key, model, prompt, max_tokens, timeout, logprobs):
 def run(p):
     results, problems = [], []
     for i, probe in enumerate(p['probes']):
-        if not isinstance(probe, dict) or not probe.get('prompt') or not probe.get('expect'):
-            raise ValueError('probes[{0}] needs a prompt and an expect, got {1!r}'.format(i, probe))
+        if not isinstance(probe, dict) or any(not isinstance(probe.get(k), str) or not probe[k].strip()
+                                               for k in ('prompt', 'expect')):
+            # a number (expect: 42) was a TypeError after the request was sent, and expect: 0 'missing'
+            raise ValueError('probes[{0}] needs a prompt and an expect, both text (quote a number: expect: "42"), '
+                             'got {1!r}'.format(i, probe))
         t0 = time.monotonic()
         status, body = ask(p['url'], p['api_key'], p['model'], probe['prompt'], p['max_tokens'], p['timeout'],
                            p['logprobs'])
