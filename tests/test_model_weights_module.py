@@ -144,6 +144,17 @@ def test_a_staged_model_without_its_sums_is_refused_before_anything(capsys, tmp_
     assert trusted['changed'] and trusted['marker']['verified_against'].startswith('the staged files themselves')
 
 
+def test_a_list_of_sums_kept_in_a_subfolder_is_not_a_file_it_lists(capsys, tmp_path):
+    """checksums: meta/SHA256SUMS was refused as 'not in the list: meta/SHA256SUMS' (only a list at the top was left
+    out of the files to copy)."""
+    staged = make_staged(tmp_path / 'staged')
+    os.mkdir(os.path.join(staged, 'meta'))
+    os.rename(os.path.join(staged, 'SHA256SUMS'), os.path.join(staged, 'meta', 'SHA256SUMS'))
+    out = run_module(capsys, src=staged, dest=str(tmp_path / 'm'), checksums='meta/SHA256SUMS', link=False)
+    assert out['changed'] and out['files'] == 8 and 'meta/SHA256SUMS' not in out['written'], out
+    assert out['marker']['verified_against'].endswith('meta/SHA256SUMS'), out['marker']
+
+
 def test_a_staged_file_missing_from_its_sums_is_refused(capsys, tmp_path):
     staged = make_staged(tmp_path / 'staged')
     with open(os.path.join(staged, 'stray.bin'), 'w') as fh:

@@ -323,6 +323,8 @@ def run(module):
         exclude.add(sums_name)
         sums = read_sums(module, sums_path, src)
     want = listing(src, exclude)
+    if sums_name:
+        want.pop(sums_name, None)       # the list itself, in a subfolder too (listing leaves out top-level names only)
     if sums is not None:
         unlisted = sorted(set(want) - set(sums))
         missing = sorted(set(sums) - set(want))
