@@ -102,6 +102,20 @@ def test_second_run_changes_nothing_and_sends_nothing(pve, fakepve_cafile):
     assert len(writes(pve)) == before  # no second create, no PUT
 
 
+def test_an_empty_description_is_none_and_settles(pve, fakepve_cafile):
+    """PVE keeps no empty description: description '' was sent again on every run, each one changed."""
+    assert run(pve, fakepve_cafile, state='stopped', description='notes')['changed']
+    assert pve.ct(120).config.get('description') == 'notes'
+    res = run(pve, fakepve_cafile, state='stopped', description='')
+    assert res['changed'] and res['deleted_keys'] == ['description'] and res['changed_keys'] == [], res
+    assert 'description' not in pve.ct(120).config
+    before = len(writes(pve))
+    for check in (True, False):
+        res = run(pve, fakepve_cafile, state='stopped', description='', check=check)
+        assert not res['changed'] and res['changed_keys'] == [] == res['deleted_keys'], res
+    assert len(writes(pve)) == before
+
+
 def test_change_puts_only_changed_keys_and_deletes_dropped_devices(pve, fakepve_cafile):
     run(pve, fakepve_cafile, state='stopped')
     pve.requests.clear()

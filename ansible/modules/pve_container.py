@@ -54,7 +54,7 @@ options:
   tags: {description: Extra tags; I(managed_tag) is always added., type: list, elements: str, default: []}
   managed_tag: {description: Tag that marks containers this package created., type: str, default: glm5-managed}
   adopt: {description: Allow changing or destroying an existing container that lacks I(managed_tag)., type: bool, default: false}
-  description: {description: Container notes., type: str}
+  description: {description: "Container notes; empty: none (an existing one is deleted).", type: str}
   devices:
     description: Device nodes passed through as C(dev0), C(dev1), ... in list order.
     type: list
@@ -374,7 +374,7 @@ def desired_config(params):
         cfg['cpuunits'] = params['cpuunits']
     if params['features']:
         cfg['features'] = ','.join(params['features'])
-    if params['description'] is not None:
+    if params['description']:           # '' is none: PVE keeps no empty description (it would never match)
         cfg['description'] = params['description']
     if params['nameserver']:
         cfg['nameserver'] = params['nameserver']
@@ -542,6 +542,8 @@ class PveContainer(object):
         self.refuse_device_removal(current)
         owned = re.compile(r'^(dev|mp)\d+$')
         deleted = sorted((k for k in current if owned.match(k) and k not in want), key=lambda k: (k[:2], len(k), k))
+        if self.p['description'] == '' and current.get('description'):
+            deleted.append('description')
         managed_now = {k: str(current[k]) for k in list(want) + deleted if k in current}
         self.result['config'] = dict((k, normalise_value(k, v)) for k, v in current.items() if k in want)
         status = self.result['status_before']
