@@ -74,6 +74,8 @@ def test_the_plan_drives_each_level_at_level_times_nodes_with_the_nodes_prompt_c
     ({'nodes': []}, 'no nodes whose smoke test ran'),
     ({'poll': 0}, 'sglang_smoke_fleet_poll must be a whole number of seconds >= 1, got 0'),
     ({'poll': '2'}, 'sglang_smoke_fleet_poll'),
+    ({'min_prompts': 0}, "min_prompts must be a whole number >= 1 (the nodes' sglang_smoke_min_prompts), got 0"),
+    ({'prompts_per_concurrency': None}, 'prompts_per_concurrency must be a whole number >= 1'),
 ])
 def test_bad_settings_are_each_one_line(change, words):
     found = fleet.problems(settings(**change))
@@ -88,6 +90,10 @@ def test_null_overhead_limit_is_allowed_and_the_defaults_are_usable():
 def test_the_module_refuses_bad_settings_before_anything_runs(capsys):
     out = run_module(sglang_fleet_report, capsys, action='validate', settings=settings(levels=[]))
     assert out['failed'] and 'Nothing was run' in out['msg'] and 'non-empty list' in out['msg']
+    # settings without the prompt counts (a KeyError from the sweep's plan before they were checked)
+    bare = {k: v for k, v in settings().items() if k not in ('min_prompts', 'prompts_per_concurrency')}
+    out = run_module(sglang_fleet_report, capsys, action='validate', settings=bare)
+    assert out['failed'] and 'prompts_per_concurrency must be' in out['msg'] and 'min_prompts must be' in out['msg'], out
     ok = run_module(sglang_fleet_report, capsys, action='validate', settings=settings())
     assert not ok.get('failed') and ok['plan'] == [{'per_node': 64, 'concurrency': 128, 'prompts': 512,
                                                      'prompts_each': 256}]

@@ -55,6 +55,10 @@ def problems(s):
     tol = s.get('tolerance')
     if not is_number(tol) or not 0 < tol <= 1:
         out.append('the tolerance must be a number in (0, 1], got {0}'.format(json.dumps(tol)))
+    for key in ('prompts_per_concurrency', 'min_prompts'):      # the sweep's plan counts its prompts from them
+        if not _positive_int(s.get(key)):
+            out.append('{0} must be a whole number >= 1 (the nodes\' sglang_smoke_{0}), got {1}'.format(
+                key, json.dumps(s.get(key))))
     nodes = s.get('nodes')
     if not isinstance(nodes, list) or not nodes:
         out.append('the gateway has no nodes whose smoke test ran in this play: nothing to judge the fleet against')
