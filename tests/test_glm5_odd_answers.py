@@ -216,3 +216,12 @@ def test_hosts_at_ipv6_addresses_are_urls_with_brackets(tmp_path):
     # port of this machine)
     st = monitoring.monitoring_status(inv, 'prom')
     assert (st['page'], st['alerts_url']) == ('http://[fd00::40]:9090/consoles/glm5.html', 'http://[fd00::40]:9090/alerts')
+
+
+def test_an_empty_node_name_and_two_node_names_are_refused(tmp_path, capsys):
+    """gpus -n '' (a shell variable left empty) acted on every node; drain A -n B drained A without a word."""
+    inv = write_inventory(tmp_path / 'inv', nodes={'n1': {'ansible_host': '127.0.0.1'}, 'n2': {'ansible_host': '127.0.0.1'}},
+                          gateway_vars={'sglang_gateway_nodes': ['n1', 'n2']})
+    assert one_error_line(capsys, ['gpus', '-n', '', '-i', inv]) == "glm5: unknown node '': {0} has n1, n2".format(inv)
+    assert one_error_line(capsys, ['drain', 'n1', '-n', 'n2', '-i', inv]) == (
+        'glm5: drain takes one node: n1 and -n n2 name two')

@@ -61,6 +61,8 @@ def cmd_fleet(args, inv):
 
 
 def _fleet_node(args, inv, what):
+    if args.target and args.node and args.target != args.node:
+        raise UsageError('{0} takes one node: {1} and -n {2} name two'.format(what, args.target, args.node))
     name = args.target or args.node
     if not name:
         raise UsageError('{0} needs the node: glm5 {0} NODE (one of {1})'.format(what, ', '.join(inv.nodes())))

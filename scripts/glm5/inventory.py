@@ -105,7 +105,7 @@ class Inventory(object):
         nodes = self.nodes()
         if not nodes:
             raise UsageError('{0} has no hosts in {1}'.format(self.source, GROUP))
-        if node:
+        if node is not None:            # -n '' is a node name too (a shell variable left empty), not "every node"
             if node not in nodes:
                 raise UsageError('unknown node {0!r}: {1} has {2}'.format(node, self.source, ', '.join(nodes)))
             return [node]
