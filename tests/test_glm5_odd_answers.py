@@ -101,6 +101,10 @@ def test_a_metrics_line_without_its_value_gives_no_state_for_that_worker():
 def test_a_load_report_of_another_shape_is_a_load_not_known(server, tmp_path, body):
     server.answers[('GET', '/v1/loads')] = (200, body)
     assert fleet.in_flight(node(server, tmp_path)) == {'status': 200, 'running': None, 'waiting': None, 'total': None}
+    res = {'in_flight': None, 'loads_status': 200, 'gateways': [{'gateway': 'gw'}]}
+    assert fleet.drain_error(res, node(server, tmp_path), 5) == (
+        'n1: its in-flight requests cannot be seen ({0}/v1/loads answered 200, not a load report): it stays drained '
+        '(out of gw); glm5 undrain n1 puts it back'.format(server.url))
     server.answers[('GET', '/v1/loads')] = (200, '{"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1}]}')
     assert fleet.in_flight(node(server, tmp_path))['total'] == 3
 

@@ -496,8 +496,9 @@ def drain(gws, node, timeout, say, interval=2, record=True, force=False):
 def drain_error(res, node, timeout):
     where = ', '.join(g['gateway'] for g in res['gateways'])
     if res['in_flight'] is None:
+        said = '{0}{1}'.format(res['loads_status'], ', not a load report' if res['loads_status'] == 200 else '')
         return ('{0}: its in-flight requests cannot be seen ({1}/v1/loads answered {2}): it stays drained (out of {3}); '
-                'glm5 undrain {0} puts it back'.format(node.name, node.contract['url'], res['loads_status'], where))
+                'glm5 undrain {0} puts it back'.format(node.name, node.contract['url'], said, where))
     return ('{0}: {1} requests still in flight after {2} s (--timeout): it stays drained (out of {3}); glm5 drain {0} '
             'waits again, glm5 undrain {0} puts it back'.format(node.name, res['in_flight'], timeout, where))
 
