@@ -20,6 +20,9 @@ counters, TTFT, inter-token and end-to-end latency histograms: class Metrics). E
 by sglang's own decide_request_auth (sglang/srt/utils/auth.py, loaded without importing sglang): with --api-key set,
 every path but /health* and /metrics needs `Authorization: Bearer <api key>`, or the launcher's secondary key.
 
+Processes: one child besides its own (sglang's scheduler and detokenizer are spawned processes), which ends when the
+emulator does.
+
 Pacing: a batch loop like sglang's scheduler: each step gives every running request one token; a step takes
 step_seconds(batch), interpolated in log(batch) through points calibrated to the seeds' measured table (single
 stream TPOT 121 ms; ~700 / 1,846 / 2,800 / 3,740 total tok/s at 64 / 256 / 512 / 1024 with the seeds' lengths);
@@ -619,6 +622,15 @@ def build_app(args, engine):
 
 
 LISTEN_BACKLOG = 2048    # uvicorn.Config's default, what sglang.launch_server listens with
+# sglang starts its scheduler and detokenizer as processes of their own (multiprocessing, spawned: a new Python with
+# the environment the engine has then); the emulator starts one such child, which waits for the emulator's end (its
+# standard input closing), so what a child of the engine inherits is there to look at (molecule/sglang/verify.yml)
+CHILD = 'import sys; sys.stdin.buffer.read()'
+
+
+def start_child():
+    import subprocess
+    return subprocess.Popen([sys.executable, '-c', CHILD], stdin=subprocess.PIPE, close_fds=True)
 
 
 async def serve(args):
@@ -633,6 +645,7 @@ async def serve(args):
     print('sglang-emulator: serving {0} on http://{1}:{2} (faults: {3}, speed x{4:g})'.format(
         args.served_model_name or args.model_path, args.host, args.port, engine.faults or 'none', engine.speed),
         flush=True)
+    child = start_child()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     import signal
@@ -645,6 +658,8 @@ async def serve(args):
         await asyncio.sleep(0.1)
     task.cancel()
     await runner.cleanup()
+    child.stdin.close()
+    child.wait(timeout=10)
 
 
 def main(argv):
