@@ -52,9 +52,9 @@ def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_default
     """{engines: [{node, scheme, target, pve_host, min_output_tok_s}], gateways: [{gateway, target, handoff_target,
     nodes}], pve_hosts: [{host, gpus, target}] (those with the GPU metrics: roles/gpu_metrics), problems: [...]}.
     workers: sglang_fleet_workers over the inference nodes; gateway_defaults: sglang_gateway's role defaults (the
-    metrics ports a gateway has when its inventory sets none); gpu_defaults: gpu_metrics' and gpu_preflight's (whether a
-    PVE host has GPU metrics, on which port, how many GPUs it must show). A gateway's handoff_target is the metrics port of its
-    second smg, which serves only while the first restarts (sglang_gateway's tasks/handoff.yml)."""
+    metrics ports a gateway has when its inventory sets none); gpu_defaults: gpu_metrics' and gpu_preflight's (whether
+    a PVE host has GPU metrics, on which port, how many GPUs it must show). A gateway's handoff_target is the metrics
+    port of its second smg, which serves only while the first restarts (sglang_gateway's tasks/handoff.yml)."""
     out = {'engines': [], 'gateways': [], 'pve_hosts': [], 'problems': []}
     for w in workers:
         if not w.get('known'):

@@ -32,7 +32,8 @@ def sglang_fleet_workers(names, hostvars, service_defaults):
             continue
         hv = hostvars[name]
         port = _get(hv, 'sglang_service_port', service_defaults.get('sglang_service_port'))
-        url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(_host(_get(hv, 'ansible_host', name)), port)
+        url = _get(hv, 'sglang_gateway_worker_url', '') or 'http://{0}:{1}'.format(
+            _host(_get(hv, 'ansible_host', name)), port)
         workers.append({'node': name, 'url': str(url).rstrip('/'), 'key': str(_get(hv, 'sglang_service_api_key', '')),
                         'secondary': str(_get(hv, 'sglang_service_api_key_secondary', '')),
                         'listen': str(_get(hv, 'sglang_service_host', service_defaults.get('sglang_service_host'))),
