@@ -5,6 +5,7 @@ import http.server
 import json
 import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +38,9 @@ def server():
             length = int(self.headers.get('Content-Length') or 0)
             seen.append((self.command, self.path, self.rfile.read(length).decode() if length else ''))
             status, body = answers.get((self.command, self.path), (404, 'no'))
+            if body == 'HANG':
+                time.sleep(40)              # an engine that never answers (longer than any bound asked of it)
+                return
             if body == 'ECHO':
                 body = 'internal error; you sent ' + '; '.join('{0}={1}'.format(k, v) for k, v in self.headers.items())
             data = body.encode()
@@ -229,3 +233,16 @@ def test_an_empty_node_name_and_two_node_names_are_refused(tmp_path, capsys):
     assert one_error_line(capsys, ['gpus', '-n', '', '-i', inv]) == "glm5: unknown node '': {0} has n1, n2".format(inv)
     assert one_error_line(capsys, ['drain', 'n1', '-n', 'n2', '-i', inv]) == (
         'glm5: drain takes one node: n1 and -n n2 name two')
+
+
+def test_a_drain_of_a_node_that_never_answers_ends_near_its_bound(server, tmp_path):
+    """drain --timeout 2 against an engine that took the connection and never answered ran 31 s: each ask of its load
+    waited 30 s. The ask now waits no longer than the drain's bound (at least a second)."""
+    gw = gateway(server, tmp_path)
+    server.answers[('GET', '/workers')] = (200, '{"workers": []}')
+    server.answers[('GET', '/v1/loads')] = (200, 'HANG')
+    t0 = time.monotonic()
+    res = fleet.drain([gw], node(server, tmp_path), 2, lambda text: None, force=True)
+    assert time.monotonic() - t0 < 8, time.monotonic() - t0
+    assert not res['drained'] and res['in_flight'] is None and res['loads_status'] not in (200, 'refused'), res
+    assert json.loads((tmp_path / 'drained.json').read_text())[0]['node'] == 'n1'        # it stays drained

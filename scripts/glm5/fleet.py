@@ -24,12 +24,13 @@ from glm5.node import unit_state
 from glm5.render import ago, table
 from glm5.transport import connect
 
-# An HTTP request, run in a container: argv[1:] method, URL, the file holding the bearer key ('': none) and, for an
-# environment file, the key's variable; a body (JSON) on stdin. One line of JSON: status (a number, 'refused' when
-# nothing listens, else the error's type), body (the key sent, where the far side echoes it, as ***), seconds.
+# An HTTP request, run in a container: argv[1:] method, URL, the file holding the bearer key ('': none), for an
+# environment file the key's variable, and how long to wait for the answer (s); a body (JSON) on stdin. One line of
+# JSON: status (a number, 'refused' when nothing listens, else the error's type), body (the key sent, where the far
+# side echoes it, as ***), seconds.
 REQUEST = r'''
 import json, sys, time, urllib.error, urllib.request
-method, url, keyfile, var = sys.argv[1:5]
+method, url, keyfile, var, wait = sys.argv[1:6]
 headers = {'Content-Type': 'application/json'}
 if keyfile:
     key = open(keyfile).read()
@@ -43,7 +44,8 @@ if keyfile:
 body = sys.stdin.read().encode() if method in ('POST', 'PUT') else None
 t = time.monotonic()
 try:
-    r = urllib.request.urlopen(urllib.request.Request(url, data=body, method=method, headers=headers), timeout=30)
+    r = urllib.request.urlopen(urllib.request.Request(url, data=body, method=method, headers=headers),
+                               timeout=float(wait))
     code, out = r.status, r.read()
 except urllib.error.HTTPError as e:
     code, out = e.code, e.read()
@@ -92,11 +94,11 @@ CIRCUIT = {0: 'closed', 1: 'open', 2: 'half-open'}
 GONE_TIMEOUT = 30           # as the deploy's leave (roles/sglang_gateway/tasks/leave_one.yml)
 
 
-def ask(shell, method, url, keyfile='', var='', body=None, timeout=60, secret=None):
+def ask(shell, method, url, keyfile='', var='', body=None, timeout=60, secret=None, wait=30):
     """method url, asked in the container `shell` runs in -> {status, body, seconds}; body: JSON, sent on stdin.
-    secret: a value the answer must not show (a body the far side echoes)."""
-    r = shell.run('python3 -c {0} {1} {2} {3} {4}'.format(shlex.quote(REQUEST), method, shlex.quote(url),
-                                                         shlex.quote(keyfile), shlex.quote(var)),
+    secret: a value the answer must not show (a body the far side echoes); wait: seconds for the answer."""
+    r = shell.run('python3 -c {0} {1} {2} {3} {4} {5}'.format(shlex.quote(REQUEST), method, shlex.quote(url),
+                                                             shlex.quote(keyfile), shlex.quote(var), float(wait)),
                   timeout=timeout, stdin=json.dumps(body) if body is not None else None)
     lines = r.stdout.strip().splitlines()
     try:
@@ -403,10 +405,10 @@ def _now():
     return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
-def in_flight(node):
+def in_flight(node, wait=30):
     """The node's own count of running and waiting requests (sglang's /v1/loads, asked in its container with its key):
     {status, running, waiting, total}; total None when the engine does not say, 0 when nothing listens."""
-    out = ask(node.ssh, 'GET', node.contract['url'] + '/v1/loads', node.contract['key_file'])
+    out = ask(node.ssh, 'GET', node.contract['url'] + '/v1/loads', node.contract['key_file'], wait=wait)
     res = {'status': out['status'], 'running': None, 'waiting': None, 'total': None}
     if out['status'] == 'refused':
         res.update(running=0, waiting=0, total=0)
@@ -469,7 +471,8 @@ def drain(gws, node, timeout, say, interval=2, record=True, force=False):
     t0, last, told = time.monotonic(), None, 0
     while True:
         try:
-            n = in_flight(node)
+            # an engine that does not answer is waited for no longer than the drain's bound (at least a second)
+            n = in_flight(node, max(1.0, min(30.0, timeout - (time.monotonic() - t0))))
         except OpsError as exc:
             raise OpsError('{0}; it stays drained (out of {1})'.format(
                 exc, ', '.join(g['gateway'] for g in res['gateways']))) from None
