@@ -14,17 +14,10 @@ from glm5 import cli, fleet, monitoring
 from glm5.errors import OpsError
 from glm5.inventory import Inventory
 from glm5.transport import Local
+from test_glm5_fleet import inventories, one_error_line  # noqa: F401  (its autouse fixture: several inventories)
 
 ADMIN = 'adm1n-' + os.urandom(8).hex()
 NODE_KEY = 'n0de-' + os.urandom(8).hex()
-
-
-@pytest.fixture(autouse=True)
-def inventories(monkeypatch):
-    """Several inventories in one process (as tests/test_glm5_fleet.py): each one's vault secrets replace the last's."""
-    from ansible.parsing.vault import VaultSecretsContext
-    monkeypatch.setattr(VaultSecretsContext, '_current', VaultSecretsContext._current)
-    monkeypatch.setattr(VaultSecretsContext, 'initialize', classmethod(lambda cls, value: setattr(cls, '_current', value)))
 
 
 @pytest.fixture
@@ -168,13 +161,6 @@ def test_prometheus_answering_another_shape_is_a_problem_of_its_section(server, 
     inv = Inventory(write_inventory(tmp_path / 'inv', monitoring_vars={'prometheus_port': server.port}))
     st = monitoring.monitoring_status(inv, 'prom')
     assert len(st['problems']) == 1 and st['problems'][0].startswith('Prometheus on prom: '), st['problems']
-
-
-def one_error_line(capsys, argv, code=2):
-    assert cli.main(argv) == code
-    out = capsys.readouterr()
-    assert out.out == '' and len(out.err.splitlines()) == 1, out
-    return out.err.strip()
 
 
 @pytest.mark.parametrize('port', ['abc', 99999, 0])

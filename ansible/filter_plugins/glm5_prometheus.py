@@ -44,8 +44,7 @@ def _target(url):
         port = None
     if parts.scheme not in ('http', 'https') or not parts.hostname or port is None:
         return None, None
-    host = '[{0}]'.format(parts.hostname) if ':' in parts.hostname else parts.hostname
-    return parts.scheme, '{0}:{1}'.format(host, port)
+    return parts.scheme, '{0}:{1}'.format(_host(parts.hostname), port)
 
 
 def prometheus_scrape(groups, hostvars, workers, smoke_defaults, gateway_defaults, gpu_defaults):

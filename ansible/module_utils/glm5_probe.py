@@ -9,6 +9,14 @@ import json
 import math
 import re
 
+PROBE_KEYS = ('prompt', 'expect')
+
+
+def usable_probe(probe):
+    """A probe is {prompt, expect}, both non-empty text (a number for expect is refused: quote it)."""
+    return isinstance(probe, dict) and all(isinstance(probe.get(k), str) and probe[k].strip() for k in PROBE_KEYS)
+
+
 _LOOP = re.compile(r'(.{1,24}?)(?:\s*\1){11,}', re.S)
 
 

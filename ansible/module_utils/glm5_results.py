@@ -13,6 +13,8 @@ import math
 import os
 import re
 
+from ansible.module_utils.glm5_probe import usable_probe
+
 # What a level reports (bench_serving's JSONL keys -> ours).
 METRICS = {
     'completed': 'completed',
@@ -40,7 +42,6 @@ THROUGHPUT_GATES = (('total_tok_s', 'total tok/s'), ('output_tok_s', 'output tok
 LATENCY_GATES = (('p99_ttft_ms', 'p99 TTFT ms'), ('p99_tpot_ms', 'p99 TPOT ms'))
 BASELINE_KEYS = ('total_tok_s', 'output_tok_s')
 LIMIT_KEYS = ('p99_ttft_ms', 'p99_tpot_ms')
-PROBE_KEYS = ('prompt', 'expect')
 
 
 # ---------------------------------------------------------------- validation
@@ -132,8 +133,7 @@ def config_problems(cfg):
         problems.append('sglang_smoke_probes must be a non-empty list of {prompt, expect}')
     else:
         for i, probe in enumerate(probes):
-            if not isinstance(probe, dict) or any(not isinstance(probe.get(k), str) or not probe.get(k).strip()
-                                                   for k in PROBE_KEYS):
+            if not usable_probe(probe):
                 problems.append('sglang_smoke_probes[{0}] needs a non-empty prompt and expect, both text (quote a '
                                 'number: expect: "42"), got {1!r}'.format(i, probe))
     return problems

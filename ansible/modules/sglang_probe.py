@@ -81,7 +81,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.glm5_probe import judge_answer
+from ansible.module_utils.glm5_probe import judge_answer, usable_probe
 
 
 def ask(url, key, model, prompt, max_tokens, timeout, logprobs):
@@ -110,8 +110,7 @@ def ask(url, key, model, prompt, max_tokens, timeout, logprobs):
 def run(p):
     results, problems = [], []
     for i, probe in enumerate(p['probes']):
-        if not isinstance(probe, dict) or any(not isinstance(probe.get(k), str) or not probe[k].strip()
-                                               for k in ('prompt', 'expect')):
+        if not usable_probe(probe):
             # a number (expect: 42) was a TypeError after the request was sent, and expect: 0 'missing'
             raise ValueError('probes[{0}] needs a prompt and an expect, both text (quote a number: expect: "42"), '
                              'got {1!r}'.format(i, probe))

@@ -8,6 +8,7 @@ import urllib.parse
 
 from glm5.errors import OpsError
 from glm5.fleet import ask
+from glm5.inventory import filter_plugin
 from glm5.render import table
 from glm5.transport import connect
 
@@ -33,8 +34,7 @@ def monitoring_status(inv, name):
     its inventory address gives it (what a browser on the operator's network opens)."""
     hv = inv.host_vars(name)
     port = hv.number('prometheus_port', None, 1, 65535)
-    host = str(hv.get('ansible_host') or name)
-    base = 'http://{0}:{1}'.format('[{0}]'.format(host) if ':' in host and not host.startswith('[') else host, port)
+    base = 'http://{0}:{1}'.format(filter_plugin('glm5_url_host')(hv.get('ansible_host') or name), port)
     st = {'host': name, 'url': base, 'page': base + '/consoles/glm5.html', 'alerts_url': base + '/alerts',
           'queries': [{'what': w, 'expr': e, 'link': graph_link(base, e)} for w, e in QUERIES], 'firing': [],
           'problems': []}
