@@ -27,13 +27,15 @@ bench_serving client opens a connection for every request, and at 1,024 two clie
 one client reading every stream of both nodes is likewise a bottleneck of its own. The overhead is the gateway's p99
 TTFT less the nodes' direct p99 TTFT, each over all the requests of its clients (the issue's bar: <= 50 ms at 1,024),
 and the same after each client's first wave (its first C/k requests, sent at once, each opening its connection: the
-fleet smoke test gates that one). Also printed: both sides' total tok/s, failed requests, and the connections the
-kernel refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is
-sent again only after a second). Before the runs (--no-handshakes leaves it out), a second table: each side's first
-wave in connections alone - k clients (k/2 on one node directly) each opening C/k connections at once, TLS trusting
-the gateway's CA or plain TCP as each side serves, the clients starting together - with the slowest client's wave,
-a connection's p50/p99, and the CPU a connection cost the clients and each server (smg, HAProxy; an engine): where
-the first wave's time over HTTPS goes.
+fleet smoke test gates that one). Also printed: both sides' total tok/s, failed requests, and the connections the kernel
+refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again
+only after a second), and how far apart the two nodes' requests (running and waiting, each node's /v1/loads polled every
+0.1 s) were while each side ran at (at least 90 % of) its concurrency: the direct side's C/2 a node by construction, the
+gateway's as its policy spread them, and the machine's CPUs' busy share meanwhile. Before the runs (--no-handshakes
+leaves it out), a second table: each side's first wave in connections alone - k clients (k/2 on one node directly) each
+opening C/k connections at once, TLS trusting the gateway's CA or plain TCP as each side serves, the clients starting
+together - with the slowest client's wave, a connection's p50/p99, and the CPU a connection cost the clients and each
+server (smg, HAProxy; an engine): where the first wave's time over HTTPS goes.
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
@@ -208,6 +210,16 @@ def listen_overflows():
         if names.startswith('TcpExt:') and 'ListenOverflows' in names.split():
             return int(values.split()[names.split().index('ListenOverflows')])
     return None
+
+
+def cpu_times():
+    """The machine's (busy, all) CPU clock ticks since boot (/proc/stat's cpu line; idle and iowait are not busy)."""
+    try:
+        with open('/proc/stat') as fh:
+            ticks = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
 def overflows_since(before):
@@ -393,6 +405,51 @@ def handshakes(host, port, ca, clients, each, watch=None, timeout=120):
             'server_cpu_ms': {name: 1000 * (tree_cpu(pid) - before[name]) / n for name, pid in (watch or {}).items()}}
 
 
+class NodeLoads:
+    """Each node's requests (running + waiting, from its /v1/loads with the key) every `every` seconds while a side
+    runs, in a thread: how evenly the load lay on the nodes. The direct side's is even by construction (C/2 a node);
+    through the gateway it is its policy's, and a node carrying more than its half queues more: a longer TTFT."""
+
+    def __init__(self, nodes, key, full, every=0.1):
+        self.nodes, self.key, self.full, self.every = nodes, key, full, every
+        self.samples = []
+        self.busy = [0, 0]      # the machine's busy and all CPU time over the samples at full load (clock ticks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        last = cpu_times()
+        while not self._stop.wait(self.every):
+            try:
+                now = [json.loads(get(n + '/v1/loads', self.key, timeout=2)[1])['aggregate']['total_reqs']
+                       for n in self.nodes]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            cpu, last = last, cpu_times()
+            if sum(now) >= 0.9 * self.full:     # the side at its concurrency: not its ramp-up nor its last requests
+                self.samples.append(now)
+                if cpu and last:
+                    self.busy = [a + b - c for a, b, c in zip(self.busy, last, cpu, strict=True)]
+
+    def cpu_busy(self):
+        """The machine's CPUs' busy share (%) over the samples at full load (/proc/stat), or None."""
+        busy, total = self.busy
+        return 100.0 * busy / total if total else None
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+
+    def spread(self):
+        """(mean, max) over the samples at full load of the busiest node's requests less the idlest's; None: none."""
+        gaps = [max(s) - min(s) for s in self.samples]
+        return (sum(gaps) / len(gaps), max(gaps)) if gaps else None
+
+
 def direct_clients(clients, n):
     """How many clients drive n nodes directly against `clients` through the gateway: as many, at least one a node."""
     return max(1, clients // n) * n
@@ -410,17 +467,21 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
     if direct_run is None or direct_run['direct_clients'] != each * len(nodes):
         before = listen_overflows()
         urls = [n for n in nodes for _ in range(each)]
-        direct, direct_p99, direct_steady = side_by_side(python, urls, key, model, tokenizer, c // len(urls), per)
+        with NodeLoads(nodes, key, c) as loads:
+            direct, direct_p99, direct_steady = side_by_side(python, urls, key, model, tokenizer, c // len(urls), per)
+        direct_loads = loads.spread(), loads.cpu_busy()
         direct_overflows = overflows_since(before)
         by_node = [percentile([t for r in direct[i * each:(i + 1) * each] for t in r['ttfts_ms']], 99)
                    for i in range(len(nodes))]
     else:       # the direct side of an earlier call at the same C and clients (another count through the gateway)
-        direct, direct_p99, direct_steady, direct_overflows, by_node = (
+        direct, direct_p99, direct_steady, direct_overflows, by_node, direct_loads = (
             direct_run['direct'], direct_run['direct_p99_ttft_ms'], direct_run['direct_steady_p99_ttft_ms'],
-            direct_run['overflows'][0], direct_run['direct_nodes_p99_ttft_ms'])
+            direct_run['overflows'][0], direct_run['direct_nodes_p99_ttft_ms'],
+            (direct_run['spread'][0], direct_run['cpu_busy'][0]))
     before = listen_overflows()
-    runs, through_p99, through_steady = side_by_side(python, [gateway] * clients, key, model, tokenizer, c // clients,
-                                                     per, ca=ca)
+    with NodeLoads(nodes, key, c) as loads:
+        runs, through_p99, through_steady = side_by_side(python, [gateway] * clients, key, model, tokenizer,
+                                                         c // clients, per, ca=ca)
     through_overflows = overflows_since(before)
     through = {'tok_s': sum(r['tok_s'] for r in runs), 'p99_ttft_ms': through_p99, 'steady_p99_ttft_ms': through_steady,
                'failed': sum(r['failed'] for r in runs)}
@@ -428,7 +489,8 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
             'direct_nodes_p99_ttft_ms': by_node, 'direct_p99_ttft_ms': direct_p99,
             'direct_steady_p99_ttft_ms': direct_steady, 'through': through, 'overhead_ms': through_p99 - direct_p99,
             'steady_overhead_ms': None if direct_steady is None or through_steady is None
-            else through_steady - direct_steady, 'overflows': (direct_overflows, through_overflows)}
+            else through_steady - direct_steady, 'overflows': (direct_overflows, through_overflows),
+            'spread': (direct_loads[0], loads.spread()), 'cpu_busy': (direct_loads[1], loads.cpu_busy())}
 
 
 def markdown_table(head, lines):
@@ -444,7 +506,8 @@ def table(rows):
     head = ['C', 'clients direct / through the gateway', 'direct p99 TTFT (node 1 / node 2 / both)',
             'gateway p99 TTFT', 'overhead (need <= {0} ms)'.format(BAR_MS),
             'after the first wave: direct / gateway / overhead', 'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
-            'failed gateway', 'listen overflows direct / gateway']
+            'failed gateway', 'listen overflows direct / gateway', "nodes' requests apart, mean / max: direct; gateway",
+            'CPUs busy at full load direct / gateway']
     lines = []
     for r in rows:
         lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), '{0} / {1}'.format(r['direct_clients'],
@@ -458,7 +521,9 @@ def table(rows):
                           'met' if r['steady_overhead_ms'] <= BAR_MS else 'NOT met'),
                       '{0:,.0f}'.format(sum(d['tok_s'] for d in r['direct'])), '{0:,.0f}'.format(r['through']['tok_s']),
                       str(sum(d['failed'] for d in r['direct'])), str(r['through']['failed']),
-                      ' / '.join('n/a' if n is None else str(n) for n in r['overflows'])])
+                      ' / '.join('n/a' if n is None else str(n) for n in r['overflows']),
+                      '; '.join('n/a' if g is None else '{0:.1f} / {1}'.format(*g) for g in r['spread']),
+                      ' / '.join('n/a' if b is None else '{0:.0f} %'.format(b) for b in r['cpu_busy'])])
     markdown_table(head, lines)
 
 

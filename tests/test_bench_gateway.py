@@ -387,3 +387,65 @@ def test_a_processes_cpu_counts_the_processes_under_it():
             os.kill(int(child), 9)
         p.kill()
         p.wait()
+
+
+def test_the_nodes_loads_are_sampled_with_the_key_and_their_gap_taken_at_full_load():
+    """NodeLoads: each node's /v1/loads (sglang's JSON, the emulator's too) polled with the key while a side runs; the
+    gap between the busiest and the idlest node counted only while the side is at (90 % of) its concurrency, so
+    neither its ramp-up nor its last requests, when one client has ended before another, look like an imbalance."""
+    import http.server
+    import json
+    # what each node answers, one value a poll, the last one repeated: a ramp-up, full load 60/40 then 52/48, a tail
+    answers = {'/a': [5, 60, 52, 52, 3], '/b': [5, 40, 48, 48, 0]}
+    asked, keys = {'/a': 0, '/b': 0}, set()
+
+    class Node(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            node = self.path.rpartition('/v1/loads')[0]
+            keys.add(self.headers.get('Authorization'))
+            values = answers[node]
+            n = values[min(asked[node], len(values) - 1)]
+            asked[node] += 1
+            body = json.dumps({'aggregate': {'total_reqs': n}}).encode()
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Node)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = 'http://127.0.0.1:{0}'.format(server.server_address[1])
+    try:
+        with bench_gateway.NodeLoads([base + '/a', base + '/b'], 'secret', 100, every=0.02) as loads:
+            deadline = time.time() + 10
+            while min(asked.values()) < 6 and time.time() < deadline:
+                time.sleep(0.02)
+    finally:
+        server.shutdown()
+    assert keys == {'Bearer secret'}
+    assert [60, 40] in loads.samples and [52, 48] in loads.samples
+    assert all(sum(s) >= 90 for s in loads.samples), loads.samples       # no ramp-up (10), no tail (3)
+    mean, most = loads.spread()
+    assert most == 20 and 4 < mean < 20
+    assert 0 <= loads.cpu_busy() <= 100
+    assert bench_gateway.NodeLoads(['x'], 'k', 1).spread() is None
+
+
+def test_the_table_says_how_far_apart_the_nodes_were_on_each_side(monkeypatch, capsys):
+    monkeypatch.setattr(bench_gateway, 'bench', lambda *a, **kw: run([100.0] * 10))
+    monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
+    spreads = iter([(0.5, 2), (37.25, 90)])
+    busy = iter([61.4, None])
+    monkeypatch.setattr(bench_gateway.NodeLoads, 'spread', lambda self: next(spreads))
+    monkeypatch.setattr(bench_gateway.NodeLoads, 'cpu_busy', lambda self: next(busy))
+    r = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2)
+    assert r['spread'] == ((0.5, 2), (37.25, 90)) and r['cpu_busy'] == (61.4, None)
+    bench_gateway.table([r])
+    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split('|')[-3:-1]]
+    assert cells == ['0.5 / 2; 37.2 / 90', '61 % / n/a']
+    # another count of clients at the same concurrency reuses the direct side's, its spread and CPU too
+    spreads, busy = iter([(1.0, 3)]), iter([70.0])
+    again = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2, direct_run=r)
+    assert again['spread'] == ((0.5, 2), (1.0, 3)) and again['cpu_busy'] == (61.4, 70.0)
