@@ -2,14 +2,15 @@
 """The p99 TTFT the gateway adds, on any machine (by hand, not in CI): two engine emulators and the real gateway, here.
 
     python scripts/bench_gateway.py [--concurrency 128,512,1024] [--gateway-clients 8] [--python PY] [--smg SMG]
-                                    [--no-tls] [--front haproxy|none] [--haproxy HAPROXY]
+                                    [--no-tls] [--front haproxy|none] [--haproxy HAPROXY] [--gateway-flag FLAG=VALUE]
 
 What it starts, all on 127.0.0.1 and torn down at the end: two engine emulators (scripts/lab/sglang_emulator.py at
 the seeds' pace: GLM5_EMULATOR_SPEED unset, --max-running-requests 1024, an API key, the lab's stand-in tokenizer
 made by scripts/lab/stand_in_model.py in a temporary folder unless --tokenizer names one) and SGLang's model
 gateway (`smg launch`) in front of both, with the flags roles/sglang_gateway deploys: its vars/main.yml flag set
 rendered with its defaults/main.yml (policy, health checks, retries, circuit breaker, timeouts), only the
-addresses, the worker URLs and the keys put in here. As the role deploys it by default, clients reach it through its
+addresses, the worker URLs and the keys put in here (and any --gateway-flag over them: a setting measured before the
+role deploys it). As the role deploys it by default, clients reach it through its
 front door: HTTPS (smg's own TLS, sglang_gateway_tls; a CA and a P-256 certificate for 127.0.0.1 made here with
 `openssl`, the clients trusting that CA) and HAProxy in front, passing TCP through (the role's templates/haproxy.cfg.j2
 rendered with its defaults, less its chroot, user and group lines and with its admin socket in the temporary folder;
@@ -106,6 +107,18 @@ def gateway_flags():
             continue
         out[key] = env.from_string(value).render(defaults) if isinstance(value, str) else value
     return out, defaults['sglang_gateway_version']
+
+
+def gateway_overrides(given):
+    """--gateway-flag's FLAG=VALUE list -> {flag: value} (true: a switch), or None where one is not FLAG=VALUE or names
+    a flag this script sets itself (PLACED, TLS_FLAGS)."""
+    out = {}
+    for item in given:
+        flag, eq, value = item.partition('=')
+        if not eq or not flag or flag.startswith('-') or flag in PLACED or flag in TLS_FLAGS:
+            return None
+        out[flag] = True if value == 'true' else value
+    return out
 
 
 def make_certificate(folder, openssl='openssl'):
@@ -581,8 +594,15 @@ def main():
     ap.add_argument('--handshakes', action=argparse.BooleanOptionalAction, default=True,
                     help='first, each side\'s first wave in connections alone: each client\'s connections opened at '
                          'once, the CPU they cost the clients and the servers (default: on)')
+    ap.add_argument('--gateway-flag', action='append', default=[], metavar='FLAG=VALUE',
+                    help='a gateway flag over the role\'s, as sglang_gateway_extra_flags sets one (without its dashes; '
+                         'FLAG=true for a switch): to measure a setting before the role deploys it; repeatable')
     args = ap.parse_args()
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
+    overrides = gateway_overrides(args.gateway_flag)
+    if overrides is None:
+        sys.exit('--gateway-flag: FLAG=VALUE with FLAG a gateway flag other than {0}, without its dashes; got {1!r}'
+                 .format(', '.join(PLACED + TLS_FLAGS), args.gateway_flag))
     if not levels or any(c < 2 or c % 2 for c in levels):
         sys.exit('--concurrency: even numbers >= 2 (half a node), comma-separated; got {0!r}'.format(args.concurrency))
     if not client_counts or any(k < 1 or c % k or c % direct_clients(k, 2) for k in client_counts for c in levels):
@@ -602,6 +622,7 @@ def main():
         sys.exit('HAProxy not found ({0}): install Debian\'s haproxy, give --haproxy, or --front none to measure smg '
                  'alone'.format(haproxy[0]))
     flags, version = gateway_flags()
+    flags.update(overrides)
     key, admin = secrets.token_hex(16), secrets.token_hex(16)
     procs = {}
     with tempfile.TemporaryDirectory(prefix='glm5-bench-gateway-') as tmp:
@@ -724,7 +745,9 @@ def main():
                 fh.close()
     print('\n{0} CPUs; two engine emulators at the seeds\' pace (--max-running-requests {1}) and smg {2} ({3}), '
           'random-ids 256/128, {4} prompts per concurrency; the clients reach {5} over {6}\n'.format(
-              os.cpu_count(), args.max_running_requests, version, flags.get('policy'), args.prompts_per_concurrency,
+              os.cpu_count(), args.max_running_requests, version,
+              ', '.join([flags.get('policy')] + ['{0} {1}'.format(k, v) for k, v in overrides.items() if k != 'policy']),
+              args.prompts_per_concurrency,
               'HAProxy in front of smg' if args.front == 'haproxy' else 'smg itself',
               'HTTPS' if args.tls else 'plain HTTP'))
     table(rows)

@@ -230,12 +230,27 @@ def test_a_waiting_client_gives_up_when_the_run_that_started_it_is_gone(tmp_path
                                           (['--gateway-clients', '3'], '--gateway-clients'),
                                           (['--concurrency', '3'], '--concurrency'),
                                           (['--concurrency', 'a,b'], '--concurrency'),
-                                          (['--concurrency', ','], '--concurrency')])
+                                          (['--concurrency', ','], '--concurrency'),
+                                          (['--gateway-flag', 'policy'], '--gateway-flag'),
+                                          (['--gateway-flag=--policy=round_robin'], '--gateway-flag'),
+                                          (['--gateway-flag', 'worker-urls=http://x'], '--gateway-flag'),
+                                          (['--gateway-flag', 'tls-cert-path=/x'], '--gateway-flag')])
 def test_bad_input_is_one_line_naming_the_option_before_anything_starts(args, option):
     p = subprocess.run([sys.executable, bench_gateway.__file__, *args], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(option + ': '), p.stderr
     assert p.stdout == ''                   # nothing started (the gateway's line comes first when it does)
+
+
+def test_a_gateway_flag_goes_over_the_roles_and_true_is_a_switch():
+    assert bench_gateway.gateway_overrides([]) == {}
+    assert bench_gateway.gateway_overrides(['power-of-two-load-metric=least_requests', 'disable-load-monitoring=true',
+                                            'x=a=b']) == {'power-of-two-load-metric': 'least_requests',
+                                                          'disable-load-monitoring': True, 'x': 'a=b'}
+    flags = bench_gateway.gateway_flags()[0]
+    assert flags['policy'] == 'power_of_two'        # the role's, which --gateway-flag policy=... replaces
+    assert bench_gateway.argv_of(dict(flags, **bench_gateway.gateway_overrides(['policy=round_robin']))).count(
+        '--policy') == 1
 
 
 def test_the_front_door_is_the_roles_haproxy_file_less_what_needs_its_package(tmp_path):
