@@ -32,11 +32,12 @@ fleet smoke test gates that one). Also printed: both sides' total tok/s, failed 
 refused over each run because a listen queue was full (TcpExt ListenOverflows, machine-wide: a refused SYN is sent again
 only after a second), and how far apart the two nodes' requests (running and waiting, each node's /v1/loads polled every
 0.1 s) were while each side ran at (at least 90 % of) its concurrency: the direct side's C/2 a node by construction, the
-gateway's as its policy spread them, and the machine's CPUs' busy share meanwhile. Before the runs (--no-handshakes
-leaves it out), a second table: each side's first wave in connections alone - k clients (k/2 on one node directly) each
-opening C/k connections at once, TLS trusting the gateway's CA or plain TCP as each side serves, the clients starting
-together - with the slowest client's wave, a connection's p50/p99, and the CPU a connection cost the clients and each
-server (smg, HAProxy; an engine): where the first wave's time over HTTPS goes.
+gateway's as its policy spread them, the most requests waiting (queued, not yet running) on a node, and the machine's
+CPUs' busy share meanwhile. Before the runs (--no-handshakes leaves it out), a second table: each side's first wave in
+connections alone - k clients (k/2 on one node directly) each opening C/k connections at once, TLS trusting the
+gateway's CA or plain TCP as each side serves, the clients starting together - with the slowest client's wave, a
+connection's p50/p99, and the CPU a connection cost the clients and each server (smg, HAProxy; an engine): where the
+first wave's time over HTTPS goes.
 
 The emulators and bench_serving run with --python (default: this Python), which must import sglang (the emulator
 parses its argv with sglang's own ServerArgs) and its bench_serving; --smg is the gateway's command (default: `smg`
@@ -426,6 +427,7 @@ class NodeLoads:
     def __init__(self, nodes, key, full, every=0.1):
         self.nodes, self.key, self.full, self.every = nodes, key, full, every
         self.samples = []
+        self.waiting = None     # the most requests waiting (queued, not running) on one node in those samples
         self.busy = [0, 0]      # the machine's busy and all CPU time over the samples at full load (clock ticks)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -434,13 +436,15 @@ class NodeLoads:
         last = cpu_times()
         while not self._stop.wait(self.every):
             try:
-                now = [json.loads(get(n + '/v1/loads', self.key, timeout=2)[1])['aggregate']['total_reqs']
-                       for n in self.nodes]
+                loads = [json.loads(get(n + '/v1/loads', self.key, timeout=2)[1])['aggregate'] for n in self.nodes]
+                now = [a['total_reqs'] for a in loads]
+                waiting = max(a['total_waiting_reqs'] for a in loads)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             cpu, last = last, cpu_times()
             if sum(now) >= 0.9 * self.full:     # the side at its concurrency: not its ramp-up nor its last requests
                 self.samples.append(now)
+                self.waiting = waiting if self.waiting is None else max(self.waiting, waiting)
                 if cpu and last:
                     self.busy = [a + b - c for a, b, c in zip(self.busy, last, cpu, strict=True)]
 
@@ -482,7 +486,7 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
         urls = [n for n in nodes for _ in range(each)]
         with NodeLoads(nodes, key, c) as loads:
             direct, direct_p99, direct_steady = side_by_side(python, urls, key, model, tokenizer, c // len(urls), per)
-        direct_loads = loads.spread(), loads.cpu_busy()
+        direct_loads = loads.spread(), loads.cpu_busy(), loads.waiting
         direct_overflows = overflows_since(before)
         by_node = [percentile([t for r in direct[i * each:(i + 1) * each] for t in r['ttfts_ms']], 99)
                    for i in range(len(nodes))]
@@ -490,7 +494,7 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
         direct, direct_p99, direct_steady, direct_overflows, by_node, direct_loads = (
             direct_run['direct'], direct_run['direct_p99_ttft_ms'], direct_run['direct_steady_p99_ttft_ms'],
             direct_run['overflows'][0], direct_run['direct_nodes_p99_ttft_ms'],
-            (direct_run['spread'][0], direct_run['cpu_busy'][0]))
+            (direct_run['spread'][0], direct_run['cpu_busy'][0], direct_run['waiting'][0]))
     before = listen_overflows()
     with NodeLoads(nodes, key, c) as loads:
         runs, through_p99, through_steady = side_by_side(python, [gateway] * clients, key, model, tokenizer,
@@ -503,7 +507,8 @@ def overhead(python, nodes, gateway, key, model, tokenizer, c, per, clients=1, d
             'direct_steady_p99_ttft_ms': direct_steady, 'through': through, 'overhead_ms': through_p99 - direct_p99,
             'steady_overhead_ms': None if direct_steady is None or through_steady is None
             else through_steady - direct_steady, 'overflows': (direct_overflows, through_overflows),
-            'spread': (direct_loads[0], loads.spread()), 'cpu_busy': (direct_loads[1], loads.cpu_busy())}
+            'spread': (direct_loads[0], loads.spread()), 'cpu_busy': (direct_loads[1], loads.cpu_busy()),
+            'waiting': (direct_loads[2], loads.waiting)}
 
 
 def markdown_table(head, lines):
@@ -520,7 +525,7 @@ def table(rows):
             'gateway p99 TTFT', 'overhead (need <= {0} ms)'.format(BAR_MS),
             'after the first wave: direct / gateway / overhead', 'direct tok/s (sum)', 'gateway tok/s', 'failed direct',
             'failed gateway', 'listen overflows direct / gateway', "nodes' requests apart, mean / max: direct; gateway",
-            'CPUs busy at full load direct / gateway']
+            'most waiting on a node direct / gateway', 'CPUs busy at full load direct / gateway']
     lines = []
     for r in rows:
         lines.append(['{0} ({1} a node)'.format(r['c'], r['c'] // 2), '{0} / {1}'.format(r['direct_clients'],
@@ -536,6 +541,7 @@ def table(rows):
                       str(sum(d['failed'] for d in r['direct'])), str(r['through']['failed']),
                       ' / '.join('n/a' if n is None else str(n) for n in r['overflows']),
                       '; '.join('n/a' if g is None else '{0:.1f} / {1}'.format(*g) for g in r['spread']),
+                      ' / '.join('n/a' if w is None else str(w) for w in r['waiting']),
                       ' / '.join('n/a' if b is None else '{0:.0f} %'.format(b) for b in r['cpu_busy'])])
     markdown_table(head, lines)
 

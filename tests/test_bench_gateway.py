@@ -421,7 +421,7 @@ def test_the_nodes_loads_are_sampled_with_the_key_and_their_gap_taken_at_full_lo
             values = answers[node]
             n = values[min(asked[node], len(values) - 1)]
             asked[node] += 1
-            body = json.dumps({'aggregate': {'total_reqs': n}}).encode()
+            body = json.dumps({'aggregate': {'total_reqs': n, 'total_waiting_reqs': n // 10}}).encode()
             self.send_response(200)
             self.send_header('Content-Length', str(len(body)))
             self.end_headers()
@@ -445,6 +445,7 @@ def test_the_nodes_loads_are_sampled_with_the_key_and_their_gap_taken_at_full_lo
     mean, most = loads.spread()
     assert most == 20 and 4 < mean < 20
     assert 0 <= loads.cpu_busy() <= 100
+    assert loads.waiting == 6       # node a's 60 (a tenth of it waiting), at full load: not its 52s
     assert bench_gateway.NodeLoads(['x'], 'k', 1).spread() is None
 
 
@@ -453,13 +454,16 @@ def test_the_table_says_how_far_apart_the_nodes_were_on_each_side(monkeypatch, c
     monkeypatch.setattr(bench_gateway, 'listen_overflows', lambda: None)
     spreads = iter([(0.5, 2), (37.25, 90)])
     busy = iter([61.4, None])
+    monkeypatch.setattr(bench_gateway.NodeLoads, '__init__', lambda self, *a, **kw: setattr(self, 'waiting', 3)
+                        or setattr(self, '_thread', threading.Thread(target=lambda: None))
+                        or setattr(self, '_stop', threading.Event()))
     monkeypatch.setattr(bench_gateway.NodeLoads, 'spread', lambda self: next(spreads))
     monkeypatch.setattr(bench_gateway.NodeLoads, 'cpu_busy', lambda self: next(busy))
     r = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2)
     assert r['spread'] == ((0.5, 2), (37.25, 90)) and r['cpu_busy'] == (61.4, None)
     bench_gateway.table([r])
-    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split('|')[-3:-1]]
-    assert cells == ['0.5 / 2; 37.2 / 90', '61 % / n/a']
+    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].split('|')[-4:-1]]
+    assert cells == ['0.5 / 2; 37.2 / 90', '3 / 3', '61 % / n/a']
     # another count of clients at the same concurrency reuses the direct side's, its spread and CPU too
     spreads, busy = iter([(1.0, 3)]), iter([70.0])
     again = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2, direct_run=r)
