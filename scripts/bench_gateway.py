@@ -111,14 +111,14 @@ def gateway_flags():
 
 
 def gateway_overrides(given):
-    """--gateway-flag's FLAG=VALUE list -> {flag: value} (true: a switch), or None where one is not FLAG=VALUE or names
-    a flag this script sets itself (PLACED, TLS_FLAGS)."""
+    """--gateway-flag's FLAG=VALUE list -> {flag: value} (true: a switch on, false: the flag left out), or None where one
+    is not FLAG=VALUE or names a flag this script sets itself (PLACED, TLS_FLAGS)."""
     out = {}
     for item in given:
         flag, eq, value = item.partition('=')
         if not eq or not flag or flag.startswith('-') or flag in PLACED or flag in TLS_FLAGS:
             return None
-        out[flag] = True if value == 'true' else value
+        out[flag] = {'true': True, 'false': False}.get(value, value)
     return out
 
 
@@ -602,7 +602,8 @@ def main():
                          'once, the CPU they cost the clients and the servers (default: on)')
     ap.add_argument('--gateway-flag', action='append', default=[], metavar='FLAG=VALUE',
                     help='a gateway flag over the role\'s, as sglang_gateway_extra_flags sets one (without its dashes; '
-                         'FLAG=true for a switch): to measure a setting before the role deploys it; repeatable')
+                         'FLAG=true for a switch, FLAG=false leaves a flag out): to measure a setting before the role '
+                         'deploys it; repeatable')
     args = ap.parse_args()
     levels, client_counts = numbers(args.concurrency), numbers(args.gateway_clients)
     overrides = gateway_overrides(args.gateway_flag)

@@ -247,7 +247,11 @@ def test_a_gateway_flag_goes_over_the_roles_and_true_is_a_switch():
     assert bench_gateway.gateway_overrides(['power-of-two-load-metric=least_requests', 'disable-load-monitoring=true',
                                             'x=a=b']) == {'power-of-two-load-metric': 'least_requests',
                                                           'disable-load-monitoring': True, 'x': 'a=b'}
+    # false leaves a flag out, as sglang_argv leaves out a false one: a switch the role sets can be turned off
     flags = bench_gateway.gateway_flags()[0]
+    assert flags['disable-tokenizer-autoload'] is True
+    off = bench_gateway.argv_of(dict(flags, **bench_gateway.gateway_overrides(['disable-tokenizer-autoload=false'])))
+    assert '--disable-tokenizer-autoload' not in off and 'false' not in off
     assert flags['policy'] == 'power_of_two'        # the role's, which --gateway-flag policy=... replaces
     assert bench_gateway.argv_of(dict(flags, **bench_gateway.gateway_overrides(['policy=round_robin']))).count(
         '--policy') == 1
