@@ -25,7 +25,6 @@ Runs bench_serving with a Python that has the pinned sglang (default: the lab's 
 test builds; --python to name another). The lab only: never point it at a real fleet (it restarts nodes).
 """
 import argparse
-import glob
 import json
 import os
 import ssl
@@ -37,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 
-from bench_gateway import bench, overhead
+from bench_gateway import bench, lab_sglang_python, overhead, positive
 from glm5.inventory import DEFAULT_INVENTORY, GATEWAY_CONTRACT, Inventory
 from glm5.project import ROOT
 
@@ -149,17 +148,34 @@ def ssh(fleet, node, *argv):
     subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
 
+# the stages, in the order they run (--skip names some of them)
+STAGES = ('throughput', 'overhead', 'rolling', 'failing', 'kill')
+
+
+def stages(text):
+    """argparse type: comma-separated stage names, each one of STAGES (a typo would run the stage it meant to skip,
+    and those restart nodes)."""
+    names = set(filter(None, (n.strip() for n in text.split(','))))
+    unknown = sorted(names - set(STAGES))
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown stage(s) {0}: the stages are {1}'.format(', '.join(unknown),
+                                                                                          ', '.join(STAGES)))
+    return names
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--concurrency', type=int, default=1024, help='per node (default 1024, the seeds\' top level)')
-    ap.add_argument('--prompts-per-concurrency', type=int, default=2)
-    ap.add_argument('--load', type=int, default=64, help='load generator threads for rolling and kill (default 64)')
-    ap.add_argument('--skip', default='', help='comma-separated: throughput, overhead, rolling, failing, kill')
-    ap.add_argument('--down', type=int, default=20, help='seconds the killed node is kept down (default 20)')
-    ap.add_argument('--python', default=(sorted(glob.glob('/var/cache/glm5-lab/sglang-venvs/seed-validated-*/bin/python'))
-                                         or [None])[0])
+    ap.add_argument('--concurrency', type=positive, default=1024,
+                    help='per node (default 1024, the seeds\' top level)')
+    ap.add_argument('--prompts-per-concurrency', type=positive, default=2)
+    ap.add_argument('--load', type=positive, default=64,
+                    help='load generator threads for rolling and kill (default 64)')
+    ap.add_argument('--skip', type=stages, default=set(), help='comma-separated: ' + ', '.join(STAGES))
+    ap.add_argument('--down', type=positive, default=20, help='seconds the killed node is kept down (default 20)')
+    ap.add_argument('--python', default=lab_sglang_python(),
+                    help='a Python with the pinned sglang (default: the newest seed-validated venv make test cached)')
     args = ap.parse_args()
-    skip = set(filter(None, args.skip.split(',')))
+    skip = args.skip
     fleet = lab()
     rows = []
     try:

@@ -47,6 +47,7 @@ the engines, the clients and the gateway saturate them together, and the overhea
 says how many CPUs it ran on.
 """
 import argparse
+import glob
 import json
 import os
 import resource
@@ -79,6 +80,24 @@ PLACED = ('host', 'port', 'worker-urls', 'prometheus-host', 'prometheus-port', '
 # its certificate and key: the ones made here (TLS, the role's default), or none (--no-tls)
 TLS_FLAGS = ('tls-cert-path', 'tls-key-path')
 BAR_MS = 50
+
+
+def positive(text):
+    """argparse type: a whole number >= 1 (the benchmarks' concurrencies, counts and seconds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError('a whole number >= 1, got {0!r}'.format(text))
+    return value
+
+
+def lab_sglang_python():
+    """The newest (last built) seed-validated SGLang environment make test caches, or None: the Python the lab's
+    benchmarks run bench_serving and the emulator with unless told another."""
+    found = glob.glob('/var/cache/glm5-lab/sglang-venvs/seed-validated-*/bin/python')
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def free_port():
@@ -585,12 +604,12 @@ def main():
     ap.add_argument('--gateway-clients', default='8',
                     help='bench_serving clients side by side through the gateway, comma-separated: a row for each, '
                          'with half as many on each node directly, at least one (default 8)')
-    ap.add_argument('--prompts-per-concurrency', type=int, default=2, help='prompts per run: C times this (default 2)')
+    ap.add_argument('--prompts-per-concurrency', type=positive, default=2, help='prompts per run: C times this (default 2)')
     ap.add_argument('--python', default=sys.executable, help='a Python that imports sglang (default: this one)')
     ap.add_argument('--smg', default=None, help='the gateway command (default: smg beside --python, on PATH, or -m smg)')
     ap.add_argument('--tokenizer', default=None, help='a stand-in model folder (default: made in a temporary folder)')
     ap.add_argument('--emulator', default=EMULATOR, help='the engine emulator (default: scripts/lab/sglang_emulator.py)')
-    ap.add_argument('--max-running-requests', type=int, default=1024, help="each engine's (default 1024, the seeds')")
+    ap.add_argument('--max-running-requests', type=positive, default=1024, help="each engine's (default 1024, the seeds')")
     ap.add_argument('--logs', default=None, help='keep the emulators\' and the gateway\'s logs in this folder')
     ap.add_argument('--tls', action=argparse.BooleanOptionalAction, default=bool(defaults['sglang_gateway_tls']),
                     help='HTTPS at the gateway, as the role deploys it (default: the role\'s sglang_gateway_tls)')

@@ -14,7 +14,6 @@ beat is 10x the seeds' best, 37,400 total tok/s.
 /var/cache/glm5-lab/sglang-venvs).
 """
 import argparse
-import glob
 import json
 import os
 import socket
@@ -22,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from bench_gateway import lab_sglang_python, positive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf('SC_CLK_TCK')
@@ -42,10 +43,9 @@ def free_port():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--python', default=(sorted(glob.glob('/var/cache/glm5-lab/sglang-venvs/seed-validated-*/bin/python'))
-                                             or [None])[-1])
-    parser.add_argument('--prompts', type=int, default=2048)
-    parser.add_argument('--concurrency', type=int, nargs='+', default=[256, 1024])
+    parser.add_argument('--python', default=lab_sglang_python())
+    parser.add_argument('--prompts', type=positive, default=2048)
+    parser.add_argument('--concurrency', type=positive, nargs='+', default=[256, 1024])
     parser.add_argument('--model', default='/var/lib/glm5-lab/staged-models/GLM-5-NVFP4-lab-stand-in')
     args = parser.parse_args()
     if not args.python or not os.path.exists(args.python):

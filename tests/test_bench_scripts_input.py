@@ -1,0 +1,43 @@
+"""The benchmark scripts refuse bad input in one line before they touch the lab (they restart nodes and purge it):
+scripts/bench_fleet.py's stage names and numbers, scripts/bench_harness.py's numbers."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts')
+
+
+def refused(script, *args):
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, GLM5_LAB_STATE='/nonexistent/glm5-lab-state'))
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == ''                   # nothing ran: no table header, no stage
+    return p.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize('skip', ['failling', 'all', 'throughput,kil'])
+def test_bench_fleet_refuses_a_stage_it_does_not_know(skip):
+    """A typo in --skip ran the very stage it meant to skip (failing: a NaN fault rolled out), and --skip all none."""
+    line = refused('bench_fleet.py', '--skip', skip)
+    assert '--skip: unknown stage(s)' in line and 'the stages are throughput, overhead, rolling, failing, kill' in line
+
+
+@pytest.mark.parametrize('option, value', [('--concurrency', '0'), ('--concurrency', '-8'), ('--load', '0'),
+                                           ('--down', '-5'), ('--prompts-per-concurrency', '0'), ('--load', 'x')])
+def test_bench_fleet_refuses_numbers_below_one(option, value):
+    """--load 0 reported a rolling deploy 'under load' with no load; --concurrency 0 and -8 went on as rows."""
+    line = refused('bench_fleet.py', option, value)
+    assert option + ': a whole number >= 1' in line
+
+
+@pytest.mark.parametrize('script, option, value', [
+    ('bench_harness.py', '--concurrency', '0'), ('bench_harness.py', '--concurrency', '-5'),
+    ('bench_harness.py', '--prompts', '0'), ('bench_gateway.py', '--prompts-per-concurrency', '0'),
+    ('bench_gateway.py', '--max-running-requests', '-1')])
+def test_the_other_benchmarks_refuse_numbers_below_one(script, option, value):
+    """bench_harness --concurrency 0 (unbounded to bench_serving) printed a row and the goal met from 8 requests;
+    --prompts 0 and bench_gateway --prompts-per-concurrency 0 were bench_serving tracebacks after the engines started."""
+    line = refused(script, option, value)
+    assert option + ': a whole number >= 1' in line
