@@ -174,3 +174,26 @@ def test_a_file_touched_but_sound_is_hashed_once_and_recorded(capsys, staged, tm
     assert out['changed'] and out['written'] == [] and out['damaged'] == [], out
     assert out['marker']['files']['config.json']['mtime_ns'] == 2 * 10 ** 9
     assert not run_module(capsys, src=staged, dest=dest)['changed']
+
+
+def test_the_stand_in_model_script_never_writes_over_a_folder_that_is_not_its_own(tmp_path):
+    """scripts/lab/stand_in_model.py DIR replaced config.json, the tokenizer and model.safetensors of any folder without
+    its marker - a real snapshot named by mistake - and `--help` built a model in ./--help."""
+    real = tmp_path / 'real'
+    real.mkdir()
+    (real / 'config.json').write_text('{"architectures": ["RealThing"]}')
+    p = subprocess.run([sys.executable, STAND_IN, str(real)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and 'holds files and is not a stand-in model' in p.stderr, p.stderr
+    assert sorted(os.listdir(real)) == ['config.json'] and 'RealThing' in (real / 'config.json').read_text()
+    assert not (tmp_path / 'real.partial').exists()
+    # an empty folder is built into (renamed over from DIR.partial), and a second run leaves it as it is
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    assert subprocess.run([sys.executable, STAND_IN, str(empty)], capture_output=True, text=True,
+                          timeout=120).stdout.strip() == 'built'
+    assert (empty / '.glm5-stand-in').exists() and not (tmp_path / 'empty.partial').exists()
+    assert subprocess.run([sys.executable, STAND_IN, str(empty)], capture_output=True, text=True,
+                          timeout=120).stdout.strip() == 'unchanged'
+    # --help is help, in the folder it runs in
+    h = subprocess.run([sys.executable, STAND_IN, '--help'], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert h.returncode == 0 and 'stand_in_model.py DIR' in h.stdout and not (tmp_path / '--help').exists()

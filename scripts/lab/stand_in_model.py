@@ -9,11 +9,14 @@ model type, tiny sizes), generation_config.json, a BPE tokenizer trained here wi
 sglang.bench_serving counts real tokens), and a tiny model.safetensors in the real format (header + one F32
 tensor). DIR/.glm5-stand-in names what it is; DIR/SHA256SUMS (sha256sum's format) is the list of sums a user keeps
 with a staged model (sglang_model checks the staged copy against it). Deterministic: the same bytes every time; an
-existing complete directory is left alone ("unchanged").
+existing complete directory is left alone ("unchanged"). DIR must not exist, be empty, or be such a stand-in
+already: a folder that holds anything else (a real snapshot named by mistake) is refused, nothing written. It is built
+in DIR.partial and renamed when whole.
 """
 import hashlib
 import json
 import os
+import shutil
 import struct
 import sys
 
@@ -72,16 +75,27 @@ def write_sums(out):
 
 
 def main(argv):
-    if len(argv) != 1:
+    if argv in (['-h'], ['--help']):
+        print(__doc__.strip())
+        return 0
+    if len(argv) != 1 or argv[0].startswith('-'):
         raise SystemExit('usage: stand_in_model.py DIR')
-    out = argv[0]
-    marker = os.path.join(out, '.glm5-stand-in')
+    final = argv[0].rstrip('/') or '/'
+    marker = os.path.join(final, '.glm5-stand-in')
     if os.path.exists(marker):
-        if not os.path.exists(os.path.join(out, 'SHA256SUMS')):    # staged by an older version of this script
-            write_sums(out)
+        if not os.path.exists(os.path.join(final, 'SHA256SUMS')):    # staged by an older version of this script
+            write_sums(final)
         print('unchanged')
         return 0
-    os.makedirs(out, exist_ok=True)
+    # Never over what is not its own: a folder that holds anything (a real snapshot given by mistake) is refused
+    if os.path.lexists(final) and not (os.path.isdir(final) and not os.listdir(final)):
+        raise SystemExit('stand_in_model.py: {0} {1} and is not a stand-in model (no .glm5-stand-in): nothing was '
+                         'written'.format(final, 'holds files' if os.path.isdir(final) else 'is not a folder'))
+    # built beside it and renamed when whole: a build cut short leaves only DIR.partial (made again next time)
+    out = final + '.partial'
+    if os.path.isdir(out) and not os.path.islink(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
     tok = tokenizer()
     tok.save(os.path.join(out, 'tokenizer.json'))
     files = {
@@ -101,9 +115,12 @@ def main(argv):
             fh.write('\n')
     with open(os.path.join(out, 'model.safetensors'), 'wb') as fh:
         fh.write(safetensors_bytes())
-    with open(marker, 'w') as fh:
+    with open(os.path.join(out, '.glm5-stand-in'), 'w') as fh:
         fh.write('glm5 lab stand-in for GLM-5-NVFP4 (scripts/lab/stand_in_model.py): no weights that compute\n')
     write_sums(out)
+    if os.path.isdir(final):
+        os.rmdir(final)             # empty (checked above)
+    os.rename(out, final)
     print('built')
     return 0
 
