@@ -37,6 +37,7 @@ SCENARIOS = {
     'default': ('full-stack lane', 'CT 192'),
     'sglang': ('full-stack lane (imported by default\'s verify)', 'CT 192'),
     'sglang_smoke': ('full-stack lane (imported by default\'s verify, last)', 'CT 192'),
+    'sglang_gateway': ('container-stage lane, last', 'CT 186 (its own gateway in front of two stand-in engines)'),
 }
 
 
@@ -51,9 +52,14 @@ def pytest_items():
             self.items = [(i.nodeid, {m.name for m in i.iter_markers()}) for i in items]
 
     plugin = Collect()
-    with redirect_stdout(io.StringIO()):
-        pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', os.path.join(ROOT, 'tests')],
-                     plugins=[plugin])
+    said = io.StringIO()
+    with redirect_stdout(said):
+        rc = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', os.path.join(ROOT, 'tests')],
+                         plugins=[plugin])
+    if rc != 0:     # a module that does not import: its tests would be left out of the map
+        errors = [line for line in said.getvalue().splitlines() if line.startswith('ERROR ')]
+        raise SystemExit('suite_checks.py: pytest could not collect every test (exit {0}), nothing written:\n{1}'.format(
+            int(rc), '\n'.join(errors) or said.getvalue()[-2000:]))
     return [(nodeid if nodeid.startswith('tests/') else 'tests/' + nodeid.split('tests/', 1)[-1], marks)
             for nodeid, marks in plugin.items]
 
@@ -105,15 +111,23 @@ def markdown():
     checks = verify_checks()
     lines += ['', '## Molecule verify assertions ({0})'.format(len(checks)), '',
               '| scenario | file | task | runs in | node |', '|---|---|---|---|---|']
+    unknown = sorted({scenario for scenario, _, _, _ in checks} - set(SCENARIOS))
+    if unknown:
+        raise SystemExit('suite_checks.py: where make test runs molecule/{0} is not said: add it to SCENARIOS, nothing '
+                         'written'.format(', molecule/'.join(unknown)))
     for scenario, rel, _, task in checks:
-        lane, node = SCENARIOS.get(scenario, ('?', '?'))
+        lane, node = SCENARIOS[scenario]
         lines.append('| {0} | `{1}` | {2} | {3} | {4} |'.format(scenario, rel, task.replace('|', '/'), lane, node))
     return '\n'.join(lines) + '\n'
 
 
 def main(argv):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--write', action='store_true', help='write tests/checks.md (default: print it)')
+    args = ap.parse_args(argv)
     text = markdown()
-    if '--write' in argv:
+    if args.write:
         with open(OUT, 'w') as fh:
             fh.write(text)
         print('wrote {0}'.format(os.path.relpath(OUT, ROOT)))

@@ -121,6 +121,32 @@ def test_checks_md_lists_every_check_where_it_runs():
     with open(os.path.join(ROOT, 'tests', 'checks.md')) as fh:
         assert fh.read() == r.stdout, 'tests/checks.md is not current: run scripts/suite_checks.py --write'
     assert '| make check (and make test) |' in r.stdout and '| make test: full-stack lane' in r.stdout
+    # every row says where it runs (the gateway scenario's 35 assertions said '?' while SCENARIOS lacked it)
+    assert '| ? |' not in r.stdout
+
+
+def test_the_map_is_not_written_short_of_a_test_or_a_scenario(monkeypatch, tmp_path):
+    """A test module that did not import was left out of the map silently, and --write wrote the short list with exit
+    0; a scenario not in SCENARIOS got '?' for its lane and node. Both now stop it, nothing written."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import pytest
+    import suite_checks
+    out = tmp_path / 'checks.md'
+    monkeypatch.setattr(suite_checks, 'OUT', str(out))
+
+    def broken_collection(args, plugins):
+        print('ERROR tests/test_broken.py - ModuleNotFoundError: No module named nonexistent_module_xyz')
+        return 2
+    monkeypatch.setattr(pytest, 'main', broken_collection)
+    with pytest.raises(SystemExit) as e:
+        suite_checks.main(['--write'])
+    assert 'could not collect every test (exit 2)' in str(e.value) and 'tests/test_broken.py' in str(e.value)
+    assert not out.exists()
+    monkeypatch.setattr(suite_checks, 'pytest_items', lambda: [])
+    monkeypatch.setattr(suite_checks, 'verify_checks', lambda: [('newrole', 'molecule/newrole/verify.yml', 'p', 't')])
+    with pytest.raises(SystemExit) as e:
+        suite_checks.main(['--write'])
+    assert 'molecule/newrole is not said: add it to SCENARIOS' in str(e.value) and not out.exists()
 
 
 def test_the_durations_table_adds_up_steps_tests_and_tasks(tmp_path):
