@@ -4,7 +4,8 @@ playbook task (Ansible's junit callback), as a table.
 
     suite_durations.py step NAME -- COMMAND...   run COMMAND, record its wall time and exit code (steps.jsonl),
                                                  its output also kept in logs/NAME.log
-    suite_durations.py table [REPORTS]           the table of the last make test (build/test-reports)
+    suite_durations.py table [REPORTS]           the table of the last make test (build/test-reports): the last
+                                                 run of each step
     suite_durations.py failed [REPORTS]          what failed: the end of each failed step's log, then each failed
                                                  step with its failed tests and tasks (make test prints it when it
                                                  fails)
@@ -48,13 +49,24 @@ def step(name, argv, reports=REPORTS):
     os.makedirs(os.path.join(reports, 'logs'), exist_ok=True)
     start, busy, own = time.time(), cpu_busy(), children_cpu()
     with open(os.path.join(reports, 'logs', name + '.log'), 'wb') as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        out = sys.stdout.buffer
-        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b''):
-            out.write(chunk)
-            out.flush()
-            log.write(chunk)
-        rc = proc.wait()
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as exc:      # recorded as the shell records a command it cannot run, so `failed` names it
+            said = 'step {0}: cannot run {1}: {2}\n'.format(name, argv[0], exc.strerror or exc)
+            sys.stderr.write(said)
+            log.write(said.encode())
+            proc, rc = None, 127
+        if proc:
+            out = sys.stdout.buffer
+            try:
+                for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b''):
+                    out.write(chunk)
+                    out.flush()
+                    log.write(chunk)
+                rc = proc.wait()
+            except KeyboardInterrupt:       # Ctrl-C reached the step's command too: recorded as interrupted
+                proc.wait()
+                rc = 130
     with open(os.path.join(reports, 'steps.jsonl'), 'a') as fh:
         fh.write(json.dumps({'step': name, 'start': start, 'end': time.time(), 'rc': rc,
                              'machine_cpu_s': round(cpu_busy() - busy, 1), 'cores': os.cpu_count(),
@@ -63,11 +75,22 @@ def step(name, argv, reports=REPORTS):
 
 
 def read_steps(reports):
+    """The last record of each step (a step run again - `make check` after `make test` appends lint and unit - counts
+    once, as it last ran), in the order they started; a line that is not a whole record is left out."""
     path = os.path.join(reports, 'steps.jsonl')
     if not os.path.exists(path):
         return []
+    last = {}
     with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for line in fh:
+            try:
+                record = json.loads(line)
+                if isinstance(record, dict) and isinstance(record['step'], str):
+                    float(record['start']), float(record['end']), int(record['rc'])
+                    last[record['step']] = record
+            except (ValueError, KeyError, TypeError):
+                continue
+    return sorted(last.values(), key=lambda r: r['start'])
 
 
 def junit_cases(path):
@@ -225,8 +248,10 @@ def failed(reports, tail=40):
 
 def main(argv):
     if argv[:1] == ['step']:
-        if '--' not in argv or argv.index('--') != 2:
-            print('usage: suite_durations.py step NAME -- COMMAND...', file=sys.stderr)
+        if '--' not in argv or argv.index('--') != 2 or len(argv) < 4 or not re.fullmatch(r'[\w.-]+', argv[1]) \
+                or argv[1].startswith('.'):
+            print('usage: suite_durations.py step NAME -- COMMAND... (NAME: letters, digits, ., _ and -)',
+                  file=sys.stderr)
             return 2
         return step(argv[1], argv[3:], os.environ.get('GLM5_TEST_REPORTS', REPORTS))
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])

@@ -263,3 +263,35 @@ def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp
            'out\n' in out, out
     assert '  | TASK failed: no such host' in out and '  | 97' in out and '  | 96' not in out, out   # no colours
     assert out.rstrip().splitlines()[-1] == '  failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct', out
+
+
+def test_a_step_run_again_counts_as_it_last_ran_and_one_that_cannot_start_is_recorded(tmp_path):
+    """`make check` after `make test` appends lint and unit to the same record: `failed` showed an old lint failure
+    beside a log that now ended 'All checks passed', and the table's wall ran from the first record ever. A command
+    that could not start was a traceback and no record, so `failed` said nothing failed (found by a review)."""
+    script = os.path.join(ROOT, 'scripts', 'suite_durations.py')
+    env = dict(os.environ, GLM5_TEST_REPORTS=str(tmp_path))
+
+    def run(*args):
+        return subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert run('step', 'lint', '--', 'sh', '-c', 'echo lint error; exit 1').returncode == 1
+    assert run('step', 'lint', '--', 'sh', '-c', 'echo All checks passed').returncode == 0
+    out = run('failed', str(tmp_path)).stdout
+    assert 'FAILED step lint' not in out and 'no failed step recorded' in out, out
+    cannot = run('step', 'gone', '--', '/nonexistent/cmd')
+    assert cannot.returncode == 127 and cannot.stderr.strip() == \
+        'step gone: cannot run /nonexistent/cmd: No such file or directory', cannot.stderr
+    assert 'Traceback' not in cannot.stderr
+    out = run('failed', str(tmp_path)).stdout
+    assert 'FAILED step gone (exit 127' in out and 'cannot run /nonexistent/cmd' in out, out
+    table = run('table', str(tmp_path)).stdout
+    assert table.count('| lint |') == 1 and '2 steps' in table, table
+    # a record cut short (a killed run) is left out, not a traceback
+    with open(tmp_path / 'steps.jsonl', 'a') as fh:
+        fh.write('{"step": "half", "start": 1\n{"step": "x"}\n')
+    assert run('table', str(tmp_path)).returncode == 0
+    # no command, or a name that would write outside the logs folder: usage, nothing run
+    for args in (['step', 'empty', '--'], ['step', '../../x', '--', 'true'], ['step', 'a/b', '--', 'true']):
+        r = run(*args)
+        assert r.returncode == 2 and r.stderr.startswith('usage: suite_durations.py step'), (args, r.stderr)
+    assert not (tmp_path.parent / 'x.log').exists()
