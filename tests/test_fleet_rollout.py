@@ -23,6 +23,7 @@ from glm5_lab.paths import paths
 from siterun import (
     FLEET_NEXT_KEY,
     ROLLOUT_SMOKE,
+    ROOT,
     node_ssh,
     prometheus_api,
     scenario_fleet_inventory,
@@ -160,6 +161,28 @@ def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(
     assert gateway.firewall.rules.get() == []       # not a node: its firewall is left as it is
     monitor = lab_api.nodes(MONITOR_VARS['pve_container_node']).lxc(MONITOR_VARS['pve_container_vmid'])
     assert monitor.firewall.rules.get() == []       # nor Prometheus' (no pve_container_open_ports in the lab)
+
+
+def test_check_mode_tells_what_would_roll_in_order_and_changes_nothing(fleet, tmp_path):
+    """--check of a rollout that switches the SGLang profile (docs/real-host.md: --check --diff first): it ran into the
+    launch-line check with the old build's sglang, which refused the new profile's flags, so check mode stopped at
+    the first node; and a changed helper file the unit runs broke it (its check-mode result has no dest). Now each
+    node says it would leave the gateway and roll, in the play's order, and nothing changes: the gateway keeps both
+    workers, the engines keep running on the files they had."""
+    first, second = NODES
+    before = {n: unit_state(fleet, n) for n in NODES}
+    # the engine's program (the lab's emulator: a file the unit runs, from the controller) changed as well
+    changed = tmp_path / 'sglang-emulator'
+    with open(os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')) as fh:
+        changed.write_text(fh.read() + '# changed\n')
+    run = site({'sglang_env_profile': 'current', 'lab_sglang_emulator': str(changed)}, '--tags', 'sglang', '--check',
+               '--diff', inventory=fleet['inventory'], sglang=True)
+    assert run.rc == 0, run
+    would = [run.out.index('Check mode: {0} would leave {1}'.format(n, GATEWAY)) for n in NODES]
+    assert would == sorted(would), 'the rollout\'s order is the play\'s: {0} first'.format(first)
+    assert run.out.count('would be built first (sglang_env)') == 2, run
+    assert {n: unit_state(fleet, n) for n in NODES} == before
+    assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
 
 
 def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):
