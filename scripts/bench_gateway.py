@@ -113,19 +113,21 @@ def role_defaults():
 
 
 def gateway_flags():
-    """roles/sglang_gateway's __sglang_gateway_flags rendered with its defaults, less the PLACED flags and its TLS
-    paths (TLS_FLAGS: the certificate made here, or none)."""
-    import jinja2
+    """roles/sglang_gateway's __sglang_gateway_flags rendered with its defaults by Ansible's own templating (its
+    filters, its native types: a switch is true or false, as the role's sglang_argv gets it), less the PLACED flags
+    and its TLS paths (TLS_FLAGS: the certificate made here, or none)."""
     import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
     defaults = role_defaults()
     with open(os.path.join(GATEWAY_ROLE, 'vars', 'main.yml')) as fh:
         flags = yaml.safe_load(fh)['__sglang_gateway_flags']
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    templar = Templar(loader=DataLoader(), variables=defaults)
     out = {}
     for key, value in flags.items():
         if key in PLACED or key in TLS_FLAGS:
             continue
-        out[key] = env.from_string(value).render(defaults) if isinstance(value, str) else value
+        out[key] = templar.template(trust_as_template(value)) if isinstance(value, str) else value
     return out, defaults['sglang_gateway_version']
 
 

@@ -121,12 +121,14 @@ PY = sys.executable   # the test venv has smg (requirements-lab.txt)
 def test_the_gateways_parser_accepts_the_roles_line():
     ok, result = sglang_gateway_args.check(PY, [
         '--host', '127.0.0.1', '--port', '30130', '--worker-urls', 'http://127.0.0.1:30120', 'http://127.0.0.1:30121',
-        '--policy', 'power_of_two', '--power-of-two-load-metric', 'requests', '--health-check-endpoint', '/health',
+        '--policy', 'power_of_two', '--power-of-two-load-metric', 'requests', '--disable-worker-overload-protection',
+        '--health-check-endpoint', '/health',
         '--retry-max-retries', '3', '--cb-failure-threshold', '5', '--disable-tokenizer-autoload',
         '--api-key=placeholder', '--control-plane-api-keys=glm5:glm5-ops:admin:placeholder'])
     assert ok, result
     assert result['smg_version'] == '1.13.0'
     assert result['args']['policy'] == 'power_of_two' and result['args']['port'] == 30130
+    assert result['args']['worker_overload_protection'] is False
     assert result['args']['worker_urls'] == ['http://127.0.0.1:30120', 'http://127.0.0.1:30121']
     assert 'placeholder' not in str(result)
 

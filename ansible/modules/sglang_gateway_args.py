@@ -61,8 +61,8 @@ import dataclasses, importlib.metadata, json, sys
 from smg.launch_router import parse_router_args
 args = parse_router_args(sys.argv[1:])
 args._validate_router_args()
-shown = ("host", "port", "worker_urls", "policy", "power_of_two_load_metric", "health_check_endpoint",
-         "health_check_interval_secs", "health_check_timeout_secs", "health_failure_threshold",
+shown = ("host", "port", "worker_urls", "policy", "power_of_two_load_metric", "worker_overload_protection",
+         "health_check_endpoint", "health_check_interval_secs", "health_check_timeout_secs", "health_failure_threshold",
          "health_success_threshold", "retry_max_retries", "cb_failure_threshold", "cb_timeout_duration_secs",
          "prometheus_port", "prometheus_host", "request_timeout_secs", "shutdown_grace_period_secs")
 values = dataclasses.asdict(args)
