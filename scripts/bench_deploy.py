@@ -77,11 +77,17 @@ def timed(c, cmd):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0] + ' It purges the lab first (glm5-lab purge: every lab container '
+        'destroyed), without asking: the lab only, never a real host.')
     parser.add_argument('--cold', action='store_true', help='also drop the cached container template')
     parser.add_argument('--cold-wheels', action='store_true', help='set the host-side wheel cache aside first')
     args = parser.parse_args()
-    aside = None
+    aside = wheel_cache() + '.set-aside-by-bench'
+    if args.cold_wheels and os.path.lexists(aside):     # checked before the purge: nothing is destroyed for nothing
+        sys.exit('{0} is left from an earlier --cold-wheels run that did not end: move it back to {1} (or remove it) '
+                 'first; nothing was changed'.format(aside, wheel_cache()))
+    set_aside = False
     c = Context()
     with c.cd(ROOT):
         nodes = c.run(VENV + '/ansible-inventory -i inventories/lab --graph inference_nodes', hide=True).stdout
@@ -90,12 +96,19 @@ def main():
         if args.cold:
             shutil.rmtree(lab_template_dir(), ignore_errors=True)
         if args.cold_wheels and os.path.isdir(wheel_cache()):
-            aside = wheel_cache() + '.set-aside-by-bench'
             os.rename(wheel_cache(), aside)
-        rows = [('fresh make deploy',) + timed(c, 'make deploy'),
-                ('no-op re-run (site.yml)',) + timed(c, VENV + '/ansible-playbook site.yml'),
-                ('rebuild',) + timed(c, VENV + '/ansible-playbook ansible/playbooks/rebuild.yml -e rebuild_confirm=' + names)]
-    if aside:
+            set_aside = True
+        try:
+            rows = [('fresh make deploy',) + timed(c, 'make deploy'),
+                    ('no-op re-run (site.yml)',) + timed(c, VENV + '/ansible-playbook site.yml'),
+                    ('rebuild',) + timed(c, VENV + '/ansible-playbook ansible/playbooks/rebuild.yml -e rebuild_confirm='
+                                         + names)]
+        except SystemExit:
+            if set_aside:
+                print('the wheel cache set aside is still at {0} (the new one at {1}): keep one of them'.format(
+                    aside, wheel_cache()), file=sys.stderr)
+            raise
+    if set_aside:
         shutil.rmtree(aside, ignore_errors=True)
     print('{0:<28} {1:>10} {2:>8} {3:>14} {4:>18}'.format('step', 'wall [s]', 'changed', 'received [MB]',
                                                           'wheel cache + [MB]'))

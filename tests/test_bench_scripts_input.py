@@ -41,3 +41,26 @@ def test_the_other_benchmarks_refuse_numbers_below_one(script, option, value):
     --prompts 0 and bench_gateway --prompts-per-concurrency 0 were bench_serving tracebacks after the engines started."""
     line = refused(script, option, value)
     assert option + ': a whole number >= 1' in line
+
+
+def test_bench_deploy_says_it_purges_and_keeps_a_wheel_cache_a_failed_run_set_aside(monkeypatch, tmp_path, capsys):
+    """bench_deploy.py purges the lab at once: its --help said nothing of it. With --cold-wheels, a run that failed
+    left the wheel cache set aside; the next one purged the lab, then crashed renaming onto it (found by a review).
+    Now that is refused before anything is destroyed."""
+    help_text = subprocess.run([sys.executable, os.path.join(SCRIPTS, 'bench_deploy.py'), '--help'],
+                               capture_output=True, text=True, timeout=60).stdout
+    assert 'It purges the lab first' in ' '.join(help_text.split())
+    sys.path.insert(0, SCRIPTS)
+    import bench_deploy
+    cache = tmp_path / 'uv'
+    (tmp_path / 'uv.set-aside-by-bench').mkdir()
+    monkeypatch.setattr(bench_deploy, 'wheel_cache', lambda: str(cache))
+
+    class NoLab:
+        def __init__(self):
+            raise AssertionError('the lab was touched')
+    monkeypatch.setattr(bench_deploy, 'Context', NoLab)
+    monkeypatch.setattr(sys, 'argv', ['bench_deploy.py', '--cold-wheels'])
+    with pytest.raises(SystemExit) as e:
+        bench_deploy.main()
+    assert 'is left from an earlier --cold-wheels run' in str(e.value) and 'nothing was changed' in str(e.value)

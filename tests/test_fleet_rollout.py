@@ -9,6 +9,7 @@ change (which brings the first node back). Both nodes end on the flag change, ta
 Prometheus' checks, the secrets audit and the key change's last step run after this one."""
 import json
 import os
+import re
 import ssl
 import threading
 import time
@@ -166,7 +167,8 @@ def test_each_nodes_engine_port_is_open_to_the_gateway_only_in_its_pve_firewall(
 def test_check_mode_tells_what_would_roll_in_order_and_changes_nothing(fleet, tmp_path):
     """--check of a rollout that switches the SGLang profile (docs/real-host.md: --check --diff first): it ran into the
     launch-line check with the old build's sglang, which refused the new profile's flags, so check mode stopped at
-    the first node; and a changed helper file the unit runs broke it (its check-mode result has no dest). Now each
+    the first node; a changed helper file the unit runs broke it (its check-mode result has no dest); a new admin key
+    for the gateway failed every node's membership check (the gateway takes it only when restarted). Now each
     node says it would leave the gateway and roll, in the play's order, and nothing changes: the gateway keeps both
     workers, the engines keep running on the files they had."""
     first, second = NODES
@@ -175,12 +177,18 @@ def test_check_mode_tells_what_would_roll_in_order_and_changes_nothing(fleet, tm
     changed = tmp_path / 'sglang-emulator'
     with open(os.path.join(ROOT, 'scripts', 'lab', 'sglang_emulator.py')) as fh:
         changed.write_text(fh.read() + '# changed\n')
-    run = site({'sglang_env_profile': 'current', 'lab_sglang_emulator': str(changed)}, '--tags', 'sglang', '--check',
+    # and the gateway's admin key: the gateway takes it when the real run restarts it, so in check mode it does not
+    # answer the nodes' membership checks with it (which stopped every node)
+    run = site({'sglang_env_profile': 'current', 'lab_sglang_emulator': str(changed),
+                'sglang_gateway_admin_key': 'a-new-admin-key-for-check-mode-0123456789'}, '--tags', 'sglang', '--check',
                '--diff', inventory=fleet['inventory'], sglang=True)
     assert run.rc == 0, run
     would = [run.out.index('Check mode: {0} would leave {1}'.format(n, GATEWAY)) for n in NODES]
     assert would == sorted(would), 'the rollout\'s order is the play\'s: {0} first'.format(first)
     assert run.out.count('would be built first (sglang_env)') == 2, run
+    # each node says the gateway did not answer with the new key, rather than failing (the YAML output doubles ')
+    said = re.findall(r"Check mode: {0}'+s control plane \(\S+/workers\) answered 401".format(re.escape(GATEWAY)), run.out)
+    assert len(said) >= len(NODES), run
     assert {n: unit_state(fleet, n) for n in NODES} == before
     assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
 

@@ -170,8 +170,11 @@ def status(p):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('command', choices=['start', 'stop', 'status', 'purge', 'serve'])
+    commands = __doc__.split('\n\n')[1]       # the docstring's command lines, each with what it does
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], epilog='commands:\n' + commands,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('command', choices=['start', 'stop', 'status', 'purge', 'serve'],
+                        help='see below (purge destroys every lab container)')
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error('the lab runs LXC containers and must run as root')
