@@ -219,12 +219,22 @@ def get(url, key=None, timeout=5, ca=None):
         return resp.status, resp.read()
 
 
+def log_tail(path, lines=15):
+    """The last lines of a log, or '' (a temporary folder's logs are gone once the benchmark ends: said here)."""
+    try:
+        with open(path, errors='replace') as fh:
+            return ''.join(fh.readlines()[-lines:])
+    except (OSError, TypeError):
+        return ''
+
+
 def wait_for(what, check, procs, timeout):
     t0 = time.time()
     while time.time() - t0 < timeout:
         for name, p in procs.items():
             if p.poll() is not None:
-                sys.exit('{0} exited ({1}) while waiting for {2}: see its log'.format(name, p.returncode, what))
+                sys.exit('{0} exited ({1}) while waiting for {2}; the end of its log:\n{3}'.format(
+                    name, p.returncode, what, log_tail(getattr(p, 'log_path', None)) or '(empty)'))
         try:
             if check():
                 return time.time() - t0
@@ -644,7 +654,14 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (1048576, 1048576))
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (1048576 if hard == resource.RLIM_INFINITY else hard, hard))
+    if not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
+        sys.exit('--python: {0} is not a Python that can run here (give an SGLang environment\'s bin/python)'.format(
+            args.python))
+    if args.logs and os.path.exists(args.logs) and not os.path.isdir(args.logs):
+        sys.exit('--logs: {0} is not a folder'.format(args.logs))
     smg = args.smg.split() if args.smg else default_smg(args.python)
+    if not (shutil.which(smg[0]) or os.access(smg[0], os.X_OK)):
+        sys.exit('--smg: {0} not found (give the gateway\'s command: smg, or PY -m smg)'.format(smg[0]))
     haproxy = (args.haproxy or default_haproxy()).split()
     if args.front == 'haproxy' and not (shutil.which(haproxy[0]) or os.access(haproxy[0], os.X_OK)):
         sys.exit('HAProxy not found ({0}): install Debian\'s haproxy, give --haproxy, or --front none to measure smg '
@@ -699,6 +716,7 @@ def main():
                     [args.python, args.emulator, '--model-path', tokenizer, '--served-model-name', MODEL, '--host',
                      '127.0.0.1', '--port', str(port), '--api-key', key, '--max-running-requests',
                      str(args.max_running_requests)], stdout=log, stderr=subprocess.STDOUT, env=env)
+                procs['emulator {0}'.format(i + 1)].log_path = log.name
             for url in nodes:
                 wait_for(url, lambda u=url: get(u + '/health')[0] == 200, procs, 180)
             gw_argv = smg + ['launch'] + argv_of(dict(flags, **{
@@ -709,12 +727,14 @@ def main():
             files.append(log)
             procs['gateway'] = subprocess.Popen(gw_argv, stdout=log, stderr=subprocess.STDOUT,
                                                 env=dict(os.environ, NO_COLOR='1'))
+            procs['gateway'].log_path = log.name
 
             if args.front == 'haproxy':
                 log = open(os.path.join(logs, 'haproxy.log'), 'w')
                 files.append(log)
                 procs['haproxy'] = subprocess.Popen(haproxy + ['-W', '-db', '-f', cfg], stdout=log,
                                                     stderr=subprocess.STDOUT)
+                procs['haproxy'].log_path = log.name
 
             def both_healthy():
                 workers = json.loads(get(gateway + '/workers', admin, ca=ca)[1])['workers']

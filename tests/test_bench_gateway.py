@@ -234,7 +234,10 @@ def test_a_waiting_client_gives_up_when_the_run_that_started_it_is_gone(tmp_path
                                           (['--gateway-flag', 'policy'], '--gateway-flag'),
                                           (['--gateway-flag=--policy=round_robin'], '--gateway-flag'),
                                           (['--gateway-flag', 'worker-urls=http://x'], '--gateway-flag'),
-                                          (['--gateway-flag', 'tls-cert-path=/x'], '--gateway-flag')])
+                                          (['--gateway-flag', 'tls-cert-path=/x'], '--gateway-flag'),
+                                          (['--python', '/nonexistent/python'], '--python'),
+                                          (['--logs', '/etc/hostname'], '--logs'),
+                                          (['--smg', '/nonexistent/smg'], '--smg')])
 def test_bad_input_is_one_line_naming_the_option_before_anything_starts(args, option):
     p = subprocess.run([sys.executable, bench_gateway.__file__, *args], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
@@ -472,3 +475,18 @@ def test_the_table_says_how_far_apart_the_nodes_were_on_each_side(monkeypatch, c
     spreads, busy = iter([(1.0, 3)]), iter([70.0])
     again = bench_gateway.overhead('py', ['n1', 'n2'], 'gw', 'k', 'm', 't', 8, 2, clients=2, direct_run=r)
     assert again['spread'] == ((0.5, 2), (1.0, 3)) and again['cpu_busy'] == (61.4, 70.0)
+
+
+def test_a_process_that_ends_while_waited_for_is_said_with_the_end_of_its_log(tmp_path):
+    """'see its log' named a log in the temporary folder the benchmark removed as it ended: the message carries the
+    end of the log itself."""
+    log_path = tmp_path / 'engine.log'
+    with open(log_path, 'w') as log:
+        p = subprocess.Popen([sys.executable, '-c', 'print("line one"); print("no module named sglang"); exit(3)'],
+                             stdout=log, stderr=subprocess.STDOUT)
+    p.log_path = str(log_path)
+    p.wait()
+    with pytest.raises(SystemExit) as e:
+        bench_gateway.wait_for('http://127.0.0.1:1', lambda: False, {'emulator 1': p}, 30)
+    assert str(e.value).startswith('emulator 1 exited (3) while waiting for http://127.0.0.1:1; the end of its log:')
+    assert 'no module named sglang' in str(e.value)
