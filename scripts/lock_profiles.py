@@ -11,6 +11,7 @@ resolved as of a fixed date must come out the same every time). Needs uv (requir
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,12 @@ def uv():
     return here if os.path.exists(here) else 'uv'
 
 
-def compile_lock(profile, out):
-    out = os.path.abspath(out)
+def compile_lock(profile, lock):
+    """Resolve profile into the file lock: written whole or not at all (uv writes into a temporary file, the header
+    is added there, then it replaces lock at once)."""
+    lock = os.path.abspath(lock)
     with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'requirements.lock')
         # a fixed relative name, so the lock's "# via -r requirements.in" comes out the same every time
         with open(os.path.join(tmp, 'requirements.in'), 'w') as req:
             req.write('\n'.join(profile['requirements']) + '\n')
@@ -39,15 +43,17 @@ def compile_lock(profile, out):
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         if r.returncode != 0:
             raise SystemExit('lock_profiles: uv pip compile failed for {0}:\n{1}'.format(profile['name'], r.stderr))
-    header = ('# Lock of SGLang profile "{name}": written by scripts/lock_profiles.py, do not edit.\n'
-              '# uv pip compile --generate-hashes --exclude-newer {asof} --python-version {py} '
-              '--python-platform {plat}\n# from: {reqs}\n').format(
-        name=profile['name'], asof=profile['resolved_as_of'], py=profile['python'], plat=PLATFORM,
-        reqs=' '.join(profile['requirements']))
-    with open(out) as fh:
-        body = fh.read()
-    with open(out, 'w') as fh:
-        fh.write(header + body)
+        header = ('# Lock of SGLang profile "{name}": written by scripts/lock_profiles.py, do not edit.\n'
+                  '# uv pip compile --generate-hashes --exclude-newer {asof} --python-version {py} '
+                  '--python-platform {plat}\n# from: {reqs}\n').format(
+            name=profile['name'], asof=profile['resolved_as_of'], py=profile['python'], plat=PLATFORM,
+            reqs=' '.join(profile['requirements']))
+        with open(out) as fh:
+            body = fh.read()
+        new = lock + '.new'
+        with open(new, 'w') as fh:
+            fh.write(header + body)
+        os.replace(new, lock)
 
 
 def main(argv=None):
@@ -56,15 +62,30 @@ def main(argv=None):
     parser.add_argument('names', nargs='*')
     args = parser.parse_args(argv)
     names = args.names or sorted(os.listdir(PROFILES))
-    status = 0
-    for name in names:
+    profiles = {}
+    for name in names:      # every name read and checked before any lock is written
         path = os.path.join(PROFILES, name, 'profile.yml')
         if not os.path.exists(path):
             raise SystemExit('lock_profiles: no profile {0!r} ({1})'.format(name, path))
-        with open(path) as fh:
-            profile = yaml.safe_load(fh)
+        try:
+            with open(path) as fh:
+                profile = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError) as exc:
+            raise SystemExit('lock_profiles: {0} cannot be read: {1}'.format(path, str(exc).splitlines()[0])) from None
+        missing = [k for k in ('name', 'lock', 'requirements', 'resolved_as_of', 'python')
+                   if not isinstance(profile, dict) or k not in profile]
+        if missing:
+            raise SystemExit('lock_profiles: {0} has no {1}'.format(path, ', '.join(missing)))
+        profiles[name] = profile
+    if not shutil.which(uv()):
+        raise SystemExit('lock_profiles: uv not found (beside this Python or on PATH): make venv installs it')
+    status = 0
+    for name, profile in profiles.items():
         lock = os.path.join(PROFILES, name, profile['lock'])
-        if args.check:
+        if args.check and not os.path.exists(lock):
+            print('{0}: no lock yet ({1}): run without --check to write it'.format(name, os.path.relpath(lock, ROOT)))
+            status = 1
+        elif args.check:
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, 'lock')
                 compile_lock(profile, out)

@@ -57,6 +57,18 @@ def test_locks_resolve_the_same_again():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_a_lock_is_written_for_none_while_any_name_is_wrong():
+    """`lock_profiles.py current nosuch` rewrote current's lock before it refused nosuch (found by a review): every
+    name is read first, nothing is written while one is wrong."""
+    lock = os.path.join(PROFILES, 'current', load('current')['lock'])
+    before = (os.stat(lock).st_mtime_ns, open(lock).read())
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lock_profiles.py'), 'current', 'nosuch'],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == "lock_profiles: no profile 'nosuch' ({0})".format(
+        os.path.join(PROFILES, 'nosuch', 'profile.yml')), r.stderr
+    assert r.stdout == '' and (os.stat(lock).st_mtime_ns, open(lock).read()) == before
+
+
 def test_profile_problems_name_what_is_wrong(tmp_path):
     good = load('seed-validated')
     bad = dict(good, name='other', python='3', flags={'Bad_Flag': 1, 'tp': {'x': 1}}, env={'A': 1},
