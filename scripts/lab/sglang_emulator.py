@@ -39,9 +39,10 @@ or a refused argv go through the parser. The API key is never written there.
 Fault switches, from the environment (the unit's EnvironmentFile in the lab), comma-separated in
 GLM5_EMULATOR_FAULTS: nan (a repeated-token loop, what NaN logits produce, and NaN log-probabilities), garbage
 (replacement characters), crash-after=N (the process dies after N completed requests), slow=F (steps F times
-longer), slow-start=S (/health* answer 503 for S seconds after start). The same switches in the file
-GLM5_EMULATOR_FAULTS_FILE (default /run/glm5-emulator-faults; read again at most once a second) turn on while it
-runs: a node that goes bad between deploys (NaN after a driver update) without a restart.
+longer), slow-start=S (/health* answer 503 for S seconds after start); an unknown switch or a bad value stops it with
+one line. The same switches in the file GLM5_EMULATOR_FAULTS_FILE (default /run/glm5-emulator-faults; read again at
+most once a second) turn on and off while it runs (slow at the next step): a node that goes bad between deploys (NaN
+after a driver update) without a restart; a bad one there is said once and left out.
 
 Speed, for tests only: GLM5_EMULATOR_SPEED=F (default 1, the seeds' pace) makes every step F times shorter, so a
 sweep takes 1/F of the time; the smoke test must then be told the same factor (sglang_smoke_speed_factor), which
@@ -83,11 +84,39 @@ def step_seconds(batch):
     return s1 + (s1 - s0) * (math.log(batch) - math.log(b1)) / (math.log(b1) - math.log(b0))
 
 
-def faults(text):
+# Each fault switch and what its value must be: (kind, least); a switch without a value takes none.
+SWITCHES = {'nan': None, 'garbage': None, 'crash-after': (int, 1), 'slow': (float, 0.0), 'slow-start': (float, 0.0)}
+
+
+def faults(text, bad=None):
+    """'nan,slow=2' -> {'nan': '', 'slow': 2.0}. A switch it does not know, or a value that is not one (crash-after a
+    whole number >= 1, slow and slow-start numbers >= 0; nan and garbage none), is left out and said in bad (a list)
+    when given, else stops the emulator with one line."""
     out = {}
     for item in filter(None, (x.strip() for x in (text or '').split(','))):
-        key, _, value = item.partition('=')
-        out[key] = value
+        key, eq, value = item.partition('=')
+        problem = None
+        if key not in SWITCHES:
+            problem = 'unknown switch {0!r} (the switches: {1})'.format(key, ', '.join(SWITCHES))
+        elif SWITCHES[key] is None:
+            if eq:
+                problem = '{0} takes no value, got {1!r}'.format(key, item)
+            else:
+                out[key] = ''
+        else:
+            kind, least = SWITCHES[key]
+            try:
+                number = kind(value)
+                if not number >= least or math.isinf(number):
+                    raise ValueError(value)
+                out[key] = number
+            except ValueError:
+                problem = '{0} must be a {1} >= {2:g}, got {3!r}'.format(
+                    key, 'whole number' if kind is int else 'number', least, value)
+        if problem and bad is None:
+            raise SystemExit('sglang-emulator: GLM5_EMULATOR_FAULTS: ' + problem)
+        if problem:
+            bad.append(problem)
     return out
 
 
@@ -231,7 +260,7 @@ class Engine(object):
     def __init__(self, args, fault_text):
         from tokenizers import Tokenizer
         self.args = args
-        self._faults, self._file_faults, self._checked = faults(fault_text), {}, 0.0
+        self._faults, self._file_faults, self._checked, self._file_said = faults(fault_text), {}, 0.0, ''
         self.fault_file = os.environ.get('GLM5_EMULATOR_FAULTS_FILE', '/run/glm5-emulator-faults')
         self.speed = speed(os.environ.get('GLM5_EMULATOR_SPEED'))
         path = args.tokenizer_path or args.model_path
@@ -256,9 +285,15 @@ class Engine(object):
             self._checked = now
             try:
                 with open(self.fault_file) as fh:
-                    self._file_faults = faults(fh.read())
+                    text = fh.read()
             except OSError:
-                self._file_faults = {}
+                text = ''
+            bad = []
+            self._file_faults = faults(text, bad)
+            said = '; '.join(bad)
+            if said and said != self._file_said:     # a bad switch in the file is said once, and left out
+                print('sglang-emulator: {0}: {1} (left out)'.format(self.fault_file, said), file=sys.stderr, flush=True)
+            self._file_said = said
         return dict(self._faults, **self._file_faults)
 
     def encode(self, text):
@@ -282,7 +317,6 @@ class Engine(object):
         return req
 
     async def run(self):
-        slow = float(self.faults.get('slow') or 1.0)
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -296,7 +330,7 @@ class Engine(object):
             # it, and a step that came late because this process waited for the CPU (the lab's cores are shared by
             # everything a test runs) is made up by the next ones, up to CATCH_UP seconds behind. Past that the
             # engine is slower: a CPU that cannot serve the tokens at all.
-            step = step_seconds(len(self.running)) * slow / self.speed
+            step = step_seconds(len(self.running)) * self.faults.get('slow', 1.0) / self.speed
             due = max(due + step, loop.time() - CATCH_UP)
             await asyncio.sleep(due - loop.time())
             for req in list(self.running):
@@ -306,7 +340,7 @@ class Engine(object):
                     if self.metrics:
                         self.metrics.finished(req)
                     limit = self.faults.get('crash-after')
-                    if limit and self.completed >= int(limit):
+                    if limit and self.completed >= limit:
                         print('sglang-emulator: crash-after={0}: dying as a crashed engine would'.format(limit),
                               file=sys.stderr, flush=True)
                         os._exit(1)
@@ -416,7 +450,7 @@ def build_app(args, engine):
     from aiohttp import web
     served = args.served_model_name or args.model_path
     start = time.monotonic()
-    slow_start = float(engine.faults.get('slow-start') or 0)
+    slow_start = engine.faults.get('slow-start', 0.0)
 
     sglang_decides = sglang_auth()
 
@@ -571,7 +605,7 @@ def build_app(args, engine):
         running, waiting = len(engine.running), len(engine.waiting)
         used = sum(r.prompt_tokens + len(r.out) for r in engine.running)
         capacity = getattr(args, 'max_total_tokens', None) or 1048576      # sglang sizes its KV pool from free memory
-        step = step_seconds(running) * float(engine.faults.get('slow') or 1.0) / engine.speed
+        step = step_seconds(running) * engine.faults.get('slow', 1.0) / engine.speed
         return {'dp_rank': 0, 'num_running_reqs': running, 'num_waiting_reqs': waiting, 'num_used_tokens': used,
                 'num_total_tokens': used + sum(r.prompt_tokens for r in engine.waiting), 'max_total_num_tokens': capacity,
                 'token_usage': round(used / capacity, 4), 'gen_throughput': round(running / step, 2) if running else 0.0,
@@ -652,6 +686,12 @@ async def serve(args):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.ensure_future(engine.run())
+
+    def ended(t):       # the batch loop never ends by itself: one that fails is an engine that died, as sglang's would
+        if not t.cancelled() and t.exception() is not None:
+            print('sglang-emulator: the batch loop failed: {0!r}'.format(t.exception()), file=sys.stderr, flush=True)
+            os._exit(1)
+    task.add_done_callback(ended)
     await stop.wait()
     # drain as sglang does on SIGTERM: finish what runs, then exit
     while engine.running or engine.waiting:
