@@ -19,6 +19,7 @@ them: dependencies with exact versions, maintainer scripts, holds. What they ins
 Prints "added VERSION" or "unchanged"; exits non-zero with one line on bad input or a failing tool.
 """
 import datetime
+import fcntl
 import gzip
 import hashlib
 import os
@@ -41,8 +42,10 @@ def installer():
 
 def run(argv, **kw):
     r = subprocess.run(argv, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise SystemExit('nvidia-apt-repo: {0} failed: {1}'.format(argv[0], (r.stderr or r.stdout).strip()))
+    if r.returncode != 0:       # one line: the tool's last word is the one that says why
+        said = [line for line in (r.stderr or r.stdout).splitlines() if line.strip()]
+        raise SystemExit('nvidia-apt-repo: {0} failed: {1}'.format(argv[0], said[-1].strip() if said else
+                                                                   'exit {0}'.format(r.returncode)))
     return r.stdout
 
 
@@ -131,36 +134,46 @@ def index(repo, gpg, force):
     if (not force and os.path.exists(path) and open(path).read() == listing
             and os.path.exists(os.path.join(repo, 'InRelease'))):
         return False
-    write(path, listing)
-    with open(path, 'rb') as src, gzip.GzipFile(os.path.join(repo, 'Packages.gz'), 'wb', mtime=0) as dst:
-        dst.write(src.read())
-    files = ['Packages', 'Packages.gz']
+    # the whole index written beside the old one (NAME.new), signed, then put in place: a signing that fails leaves
+    # the repository as it was, signed
+    new = '{0}.new'.format
+    for name in ('Packages', 'Packages.gz', 'Release', 'InRelease', 'Release.gpg'):
+        if os.path.lexists(os.path.join(repo, new(name))):
+            os.unlink(os.path.join(repo, new(name)))
+    write(os.path.join(repo, new('Packages')), listing)
+    with gzip.GzipFile(os.path.join(repo, new('Packages.gz')), 'wb', mtime=0) as dst:
+        dst.write(listing.encode())
     release = ['Origin: glm5-lab', 'Label: NVIDIA CUDA repository (lab stand-in)', 'Architectures: amd64',
                'Date: ' + datetime.datetime.now(datetime.UTC).strftime('%a, %d %b %Y %H:%M:%S UTC')]
     for field, algo in (('MD5Sum', 'md5'), ('SHA256', 'sha256')):
         release.append(field + ':')
-        for name in files:
-            data = open(os.path.join(repo, name), 'rb').read()
+        for name in ('Packages', 'Packages.gz'):
+            data = open(os.path.join(repo, new(name)), 'rb').read()
             release.append(' {0} {1} {2}'.format(hashlib.new(algo, data).hexdigest(), len(data), name))
-    write(os.path.join(repo, 'Release'), '\n'.join(release) + '\n')
-    for name in ('InRelease', 'Release.gpg'):
-        if os.path.exists(os.path.join(repo, name)):
-            os.unlink(os.path.join(repo, name))
-    run(gpg + ['--clearsign', '-o', 'InRelease', 'Release'], cwd=repo)
-    run(gpg + ['--armor', '--detach-sign', '-o', 'Release.gpg', 'Release'], cwd=repo)
+    write(os.path.join(repo, new('Release')), '\n'.join(release) + '\n')
+    run(gpg + ['--clearsign', '-o', new('InRelease'), new('Release')], cwd=repo)
+    run(gpg + ['--armor', '--detach-sign', '-o', new('Release.gpg'), new('Release')], cwd=repo)
+    for name in ('Packages', 'Packages.gz', 'Release', 'Release.gpg', 'InRelease'):
+        os.replace(os.path.join(repo, new(name)), os.path.join(repo, name))
     return True
 
 
 def main(argv):
     if len(argv) != 4:
         raise SystemExit(__doc__.strip().splitlines()[2].strip())
-    repo, gnupg, version, payload = argv
+    repo, gnupg, version, payload = (os.path.abspath(a) if i in (0, 1, 3) else a for i, a in enumerate(argv))
+    for name, path in (('REPO_DIR', repo), ('GNUPG_HOME', gnupg)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise SystemExit('nvidia-apt-repo: {0} {1} is not a folder'.format(name, path))
     if not re.fullmatch(r'\d+\.\d+(\.\d+)?', version):
         raise SystemExit('nvidia-apt-repo: not a driver version: {0!r}'.format(version))
     if not os.path.isfile(os.path.join(payload, 'nvidia-smi')):
         raise SystemExit('nvidia-apt-repo: {0} has no nvidia-smi stand-in'.format(payload))
     pool = os.path.join(repo, 'pool')
     os.makedirs(pool, exist_ok=True)
+    # one run at a time on a repository (two at once each made a signing key, and one could fail)
+    lock = open(os.path.join(repo, '.lock'), 'w')
+    fcntl.flock(lock, fcntl.LOCK_EX)
     added = not os.path.exists(os.path.join(pool, 'nvidia-driver-cuda_{0}-1_amd64.deb'.format(version)))
     if added:
         packages(version, payload, pool, installer())
