@@ -163,6 +163,9 @@ def purge(p):
 def status(p):
     pid = read_pid(p)
     print('labd: {0}'.format('running (pid {0})'.format(pid) if pid else 'stopped'))
+    if not os.path.isdir(p['state']):       # said, not made: status writes nothing
+        print('no lab state at {0} (GLM5_LAB_STATE, or lab_state_dir in inventories/lab)'.format(p['state']))
+        return 1
     lab = LabLxc(p)
     for vmid in sorted(lab.vmids()):
         print('CT {0}: {1} (sshd 127.0.0.1:{2})'.format(vmid, lab.state(vmid), ssh_port(vmid)))

@@ -30,16 +30,41 @@ def lab_paths_from_inventory(path=LAB_VARS_FILE):
     return out
 
 
+def env_number(name, default, kind=int, least=0, most=65535):
+    """A number from the environment (default when unset or empty), or one line naming the variable."""
+    text = os.environ.get(name, '')
+    if text == '':
+        return default
+    try:
+        value = kind(text)
+        if not least <= value <= most:
+            raise ValueError(text)
+    except ValueError:
+        raise SystemExit('{0} must be a number from {1} to {2}, got {3!r}'.format(name, least, most, text)) from None
+    return value
+
+
+def env_folder(name, default):
+    """An absolute folder path from the environment (default when unset or empty), or one line naming it: a relative
+    one would put the lab's state wherever a command runs."""
+    text = os.environ.get(name) or default
+    if not os.path.isabs(text):
+        raise SystemExit('{0} must be an absolute path, got {1!r}'.format(name, text))
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise SystemExit('{0}: {1} is not a folder'.format(name, text))
+    return text
+
+
 _LAB_PATHS = lab_paths_from_inventory()
-STATE = os.environ.get('GLM5_LAB_STATE') or _LAB_PATHS['lab_state_dir']
-TEMPLATES = os.environ.get('GLM5_LAB_TEMPLATES') or _LAB_PATHS['lab_template_dir']
+STATE = env_folder('GLM5_LAB_STATE', _LAB_PATHS['lab_state_dir'])
+TEMPLATES = env_folder('GLM5_LAB_TEMPLATES', _LAB_PATHS['lab_template_dir'])
 HOST, NODE = '127.0.0.1', 'pve1'
-PORT = int(os.environ.get('GLM5_LAB_PORT', '8006'))
+PORT = env_number('GLM5_LAB_PORT', 8006, least=1)
 # a lab container's sshd listens on 127.0.0.1:(base + vmid): the lab inventory's formula (its ansible_port)
 SSH_PORT_BASE = _LAB_PATHS['lab_ssh_port_base']
 FORBIDDEN_PORTS = {2024}       # taken on these machines by a process that is not ours
-POLL = float(os.environ.get('GLM5_LAB_POLL', '5'))  # seconds between reconcile passes that nothing woke
-FILES_PORT = int(os.environ.get('GLM5_LAB_FILES_PORT', '8480'))
+POLL = env_number('GLM5_LAB_POLL', 5.0, float, 0.1, 3600)  # seconds between reconcile passes that nothing woke
+FILES_PORT = env_number('GLM5_LAB_FILES_PORT', 8480)     # 0: none
 PVE_START_SECS = 2             # PVE seconds a start task takes: the window in which start_error is decided
 PVE_CREATE_SECS = 2
 
