@@ -64,3 +64,16 @@ def test_bench_deploy_says_it_purges_and_keeps_a_wheel_cache_a_failed_run_set_as
     with pytest.raises(SystemExit) as e:
         bench_deploy.main()
     assert 'is left from an earlier --cold-wheels run' in str(e.value) and 'nothing was changed' in str(e.value)
+
+
+@pytest.mark.parametrize('script, args, words', [
+    ('lab/hf_hub.py', ['/nonexistent/hub'], 'root: /nonexistent/hub is not a folder'),
+    ('lab/hf_hub.py', ['/etc/hostname'], 'root: /etc/hostname is not a folder'),
+    ('lab/hf_hub.py', ['/tmp', '--port', '70000'], '--port: 0 to 65535, got 70000'),
+    ('lab/nvidia_installer.py', [], 'usage: nvidia_installer.py RUN_FILE_NAME PAYLOAD_DIR')])
+def test_the_lab_stand_ins_refuse_what_they_cannot_serve(script, args, words):
+    """The stand-in hub served a ROOT that does not exist (every repository then 404) or a port past 65535 (an
+    OverflowError); the stand-in installer run without its arguments was an IndexError (found by a review)."""
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode in (1, 2) and p.stdout == '' and words in p.stderr.strip().splitlines()[-1], p.stderr

@@ -82,3 +82,16 @@ def test_the_standin_in_a_container_sees_only_its_gpus(capsys, roots, monkeypatc
     assert f['error'] is None and f['count'] == 4
     assert [g['minor'] for g in f['gpus']] == [4, 5, 6, 7]
     assert [g['index'] for g in f['gpus']] == [0, 1, 2, 3]
+
+
+def test_the_standin_says_a_fixture_folder_it_was_given_is_not_one(tmp_path):
+    """GLM5_NVIDIA_FIXTURE naming a wrong folder was ignored: the stand-in answered from another fixture, and a folder
+    without the files was a traceback (found by a review)."""
+    import subprocess
+    import sys
+    for folder in (tmp_path / 'none', tmp_path):
+        r = subprocess.run([sys.executable, STANDIN, '-L'], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, GLM5_NVIDIA_FIXTURE=str(folder)))
+        assert r.returncode == 1 and r.stdout == '', r
+        assert r.stderr.strip() == ('nvidia-smi (lab stand-in): GLM5_NVIDIA_FIXTURE={0} is not a fixture directory '
+                                    '(no nvidia-smi-q.xml)'.format(folder)), r.stderr

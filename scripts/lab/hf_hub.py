@@ -166,6 +166,10 @@ def main(argv):
     parser.add_argument('--cut-after', type=int)
     parser.add_argument('--corrupt')
     args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):        # every repository would answer 404 RepoNotFound
+        parser.error('root: {0} is not a folder'.format(args.root))
+    if not 0 <= args.port <= 65535:
+        parser.error('--port: 0 to 65535, got {0}'.format(args.port))
     try:
         asyncio.run(serve(args))
     except KeyboardInterrupt:

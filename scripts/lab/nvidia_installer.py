@@ -172,6 +172,8 @@ def main(argv, version, payload):
 
 if __name__ == '__main__':
     # argv[1]: the .run file's name (its version), argv[2]: the unpacked payload, then the installer's options
+    if len(sys.argv) < 3:
+        sys.exit('usage: nvidia_installer.py RUN_FILE_NAME PAYLOAD_DIR [OPTIONS...] (the stand-in .run calls it so)')
     name, payload = sys.argv[1], sys.argv[2]
     m = re.search(r'NVIDIA-Linux-x86_64-([\d.]+)\.run$', name)
     sys.exit(main(sys.argv[3:], m.group(1) if m else None, payload))

@@ -26,8 +26,14 @@ FIXTURE_VERSION = '580.95.05'
 
 
 def fixture_dir():
-    for path in (os.environ.get('GLM5_NVIDIA_FIXTURE'), os.path.join(HERE, 'fixture'), REPO_FIXTURE):
-        if path and os.path.isdir(path):
+    given = os.environ.get('GLM5_NVIDIA_FIXTURE')
+    if given:       # named: that one, or said - never quietly another
+        if not os.path.isfile(os.path.join(given, 'nvidia-smi-q.xml')):
+            sys.exit('nvidia-smi (lab stand-in): GLM5_NVIDIA_FIXTURE={0} is not a fixture directory (no '
+                     'nvidia-smi-q.xml)'.format(given))
+        return given
+    for path in (os.path.join(HERE, 'fixture'), REPO_FIXTURE):
+        if os.path.isdir(path):
             return path
     sys.exit('nvidia-smi (lab stand-in): no fixture directory (GLM5_NVIDIA_FIXTURE)')
 
