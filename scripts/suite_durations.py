@@ -93,14 +93,32 @@ def read_steps(reports):
     return sorted(last.values(), key=lambda r: r['start'])
 
 
+def junit_root(path):
+    """A JUnit XML file's root, or None for one cut short (a run killed while writing it) - said, not a traceback."""
+    try:
+        return ET.parse(path).getroot()
+    except (ET.ParseError, OSError) as exc:
+        print('suite_durations: {0} left out: {1}'.format(path, exc), file=sys.stderr)
+        return None
+
+
+def seconds(text):
+    try:
+        return float(text or 0)
+    except ValueError:
+        return 0.0
+
+
 def junit_cases(path):
     """(suite, case, seconds) of one JUnit XML file (pytest's or Ansible's junit callback)."""
-    root = ET.parse(path).getroot()
+    root = junit_root(path)
+    if root is None:
+        return
     suites = [root] if root.tag == 'testsuite' else root.findall('testsuite')
     for suite in suites:
         for case in suite.iter('testcase'):
             yield suite.get('name') or '', case.get('classname') or '', case.get('name') or '', \
-                float(case.get('time') or 0)
+                seconds(case.get('time'))
 
 
 def playbook_name(path):
@@ -212,8 +230,8 @@ def table(reports, limit=LIMIT, top=12):
 def failures(path):
     """(case, the message's first lines) of each failed or errored case of one JUnit XML file: a site.yml test's
     message is 'rc=N', then the task that failed and why (tests/siterun.py)."""
-    root = ET.parse(path).getroot()
-    for case in root.iter('testcase'):
+    root = junit_root(path)
+    for case in root.iter('testcase') if root is not None else ():
         for bad in list(case.findall('failure')) + list(case.findall('error')):
             text = (bad.get('message') or bad.text or '').strip()
             where = case.get('classname') or ''

@@ -290,6 +290,13 @@ def test_a_step_run_again_counts_as_it_last_ran_and_one_that_cannot_start_is_rec
     with open(tmp_path / 'steps.jsonl', 'a') as fh:
         fh.write('{"step": "half", "start": 1\n{"step": "x"}\n')
     assert run('table', str(tmp_path)).returncode == 0
+    # so is a JUnit file cut short, or a time that is not a number: left out or 0, said, not a traceback
+    (tmp_path / 'lint.xml').write_text('<testsuite><testcase name="x"/>')
+    (tmp_path / 'gone.xml').write_text('<testsuite><testcase name="y" time="abc"/></testsuite>')
+    for cmd in ('table', 'failed'):
+        r = run(cmd, str(tmp_path))
+        assert r.returncode == 0 and 'Traceback' not in r.stderr, r.stderr
+    assert 'lint.xml left out' in run('table', str(tmp_path)).stderr
     # no command, or a name that would write outside the logs folder: usage, nothing run
     for args in (['step', 'empty', '--'], ['step', '../../x', '--', 'true'], ['step', 'a/b', '--', 'true']):
         r = run(*args)
