@@ -675,7 +675,12 @@ async def serve(args):
     # sglang serves through uvicorn, whose listen backlog is 2048 (sglang passes none); aiohttp's own is 128, and a
     # gateway that opens hundreds of connections to a node at once overflowed it: each refused SYN is sent again only
     # after a second, which the gateway's p99 TTFT then carried (scripts/bench_gateway.py counts ListenOverflows)
-    await web.TCPSite(runner, args.host, args.port, backlog=LISTEN_BACKLOG).start()
+    try:
+        await web.TCPSite(runner, args.host, args.port, backlog=LISTEN_BACKLOG).start()
+    except OSError as exc:      # a port taken (another engine), an address it cannot bind: one line, as sglang's
+        await runner.cleanup()
+        raise SystemExit('sglang-emulator: cannot listen on {0}:{1}: {2}'.format(args.host, args.port,
+                                                                             exc.strerror or exc)) from None
     print('sglang-emulator: serving {0} on http://{1}:{2} (faults: {3}, speed x{4:g})'.format(
         args.served_model_name or args.model_path, args.host, args.port, engine.faults or 'none', engine.speed),
         flush=True)
