@@ -655,3 +655,17 @@ def test_a_restart_with_the_flags_it_parsed_before_skips_the_import(python, mode
     assert rc == 2 and 'unrecognized arguments: --dsa-decode-backend' in refused and len(os.listdir(cache)) == 1
     rc, other = parse(argv, 'other-sglang')
     assert rc == 0 and other['imported'] and len(os.listdir(cache)) == 2
+
+
+def test_a_port_it_cannot_listen_on_is_one_line(python, model):
+    """Another engine on its port was an OSError traceback (found by a review): one line, as sglang's own."""
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = subprocess.run([python, EMULATOR, '--model-path', model, '--host', '127.0.0.1', '--port', str(port),
+                            '--api-key', KEY], capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, GLM5_EMULATOR_FAULTS_FILE=''))
+    assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith('sglang-emulator: cannot listen on 127.0.0.1:{0}: '.format(
+        port)), r.stderr
