@@ -232,3 +232,15 @@ def test_a_drain_of_a_node_that_never_answers_ends_near_its_bound(server, tmp_pa
     assert time.monotonic() - t0 < 8, time.monotonic() - t0
     assert not res['drained'] and res['in_flight'] is None and res['loads_status'] not in (200, 'refused'), res
     assert json.loads((tmp_path / 'drained.json').read_text())[0]['node'] == 'n1'        # it stays drained
+
+
+def test_compare_says_where_its_plot_cannot_go_before_asking_the_node(tmp_path, capsys):
+    """compare --out into a folder that is not there asked the node for its history and its runs, then said only
+    '[Errno 2] ...' (exit 1). It is refused first now, in one line naming the folder (exit 2): the node here is a
+    closed port, never reached."""
+    inv = write_inventory(tmp_path / 'inv', nodes={'n1': {'ansible_host': '127.0.0.1', 'ansible_port': 1}})
+    missing = tmp_path / 'no-such-folder'
+    assert one_error_line(capsys, ['compare', '-n', 'n1', '--out', str(missing / 'cmp.png'), '-i', inv]) == (
+        'glm5: --out: {0} is not a folder that exists (the plot goes into it)'.format(missing))
+    assert one_error_line(capsys, ['compare', '-n', 'n1', '--out', str(tmp_path), '-i', inv]) == (
+        "glm5: --out: {0} is a folder; give the plot's file name".format(tmp_path))

@@ -241,6 +241,12 @@ def cmd_history(args, inv):
 def cmd_compare(args, inv):
     from ansible.module_utils.glm5_plots import plot_compare
     from ansible.module_utils.glm5_report import compare, compare_markdown
+    if args.out:        # before the node is asked anything: where the plot goes must be a folder that is there
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(folder):
+            raise UsageError('--out: {0} is not a folder that exists (the plot goes into it)'.format(folder))
+        if os.path.isdir(args.out):
+            raise UsageError('--out: {0} is a folder; give the plot\'s file name'.format(args.out))
     node = Node(inv, inv.one(args.node))
     try:
         runs = [e['run'] for e in node.history()]
