@@ -319,3 +319,14 @@ def test_a_level_the_module_could_not_run_still_names_its_level_and_why(tmp_path
         'bench_serving on b',
         'concurrency 128 (64 a node): no result from bench_serving through the gateway at 64 a client (from a: cannot '
         'start bench_serving with /x/python: No such file; from b: not run)']
+
+
+def test_the_report_in_check_mode_writes_nothing_and_says_it_would(tmp_path, capsys):
+    """Check mode reported changed=False where the real run writes the fleet report (changed=True)."""
+    history = tmp_path / 'runs'
+    out = run_module(sglang_fleet_report, capsys, check_mode=True, settings=settings(), run_id='r2',
+                     started='2026-12-01T01:00:00Z', run_dir=str(history / 'r2'), history_dir=str(history))
+    assert not out.get('failed') and out['changed'] is True and out['plan'], out
+    assert not history.exists()
+    out = run_module(sglang_fleet_report, capsys, check_mode=True, action='validate', settings=settings())
+    assert not out.get('failed') and out['changed'] is False, out

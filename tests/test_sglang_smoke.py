@@ -556,3 +556,17 @@ def test_the_bench_module_refuses_relative_files_before_running(capsys, tmp_path
     assert out['failed'] and out['msg'] == ("output_file, samples_file must be absolute paths, got 'bench.jsonl', "
                                             "'gpu.jsonl'"), out
     assert os.listdir(tmp_path) == []
+
+
+def test_the_report_in_check_mode_writes_nothing_and_says_it_would(tmp_path, capsys):
+    """Check mode reported changed=False where the real run writes a report (changed=True): a recap that hid it."""
+    summary, _, _ = load('healthy')
+    history = tmp_path / 'history'
+    args = dict(settings=dict(settings_of(summary), probes=defaults()['probes']), run_id=summary['run'],
+                started=summary['started'], run_dir=str(history / summary['run']), history_dir=str(history),
+                meta=summary['meta'], probe=summary['probe'], sweep=summary['sweep'])
+    out = run_module(sglang_smoke_report, capsys, check_mode=True, **args)
+    assert not out.get('failed') and out['changed'] is True, out
+    assert not history.exists()
+    out = run_module(sglang_smoke_report, capsys, check_mode=True, action='validate', settings=args['settings'])
+    assert not out.get('failed') and out['changed'] is False, out

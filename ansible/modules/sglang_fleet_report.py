@@ -128,7 +128,8 @@ def main():
         module.exit_json(changed=False)
     plan = sweep_plan(p['settings'])
     if p['action'] == 'validate' or module.check_mode:
-        module.exit_json(changed=False, plan=plan)
+        # check mode: a report would be written, a change as the real run's is
+        module.exit_json(changed=p['action'] == 'report', plan=plan)
     try:
         sweep = [sweep_item(item, planned) for item, planned in zip(p['sweep'] or [], plan, strict=False)]
         summary, files, index_files = write(p['run_dir'], p['history_dir'], p['run_id'], p['started'], p['meta'] or {},

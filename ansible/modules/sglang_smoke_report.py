@@ -140,7 +140,8 @@ def main():
         module.fail_json(msg='The smoke test settings are not usable: ' + '; '.join(problems) +
                              '. Nothing was run.', problems=problems)
     if module.params['action'] == 'validate' or module.check_mode:
-        module.exit_json(changed=False, problems=[])
+        # check mode: a report would be written, a change as the real run's is
+        module.exit_json(changed=module.params['action'] == 'report', problems=[])
     try:
         module.exit_json(**report(module.params))
     except (ValueError, OSError) as exc:
