@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from siterun import ROOT
 
 GLM5_LAB = os.path.join(os.path.dirname(sys.executable), 'glm5-lab')
 
@@ -35,3 +36,22 @@ def test_status_of_a_state_that_is_not_there_says_so_and_makes_nothing(tmp_path)
     r = lab('status', GLM5_LAB_STATE=str(state), GLM5_LAB_PORT='1')
     assert r.returncode == 1 and 'no lab state at {0}'.format(state) in r.stdout, r
     assert not state.exists()
+
+
+BUILD_TEMPLATE = os.path.join(ROOT, 'scripts', 'lab', 'build-template.sh')
+
+
+@pytest.mark.parametrize('args, words', [
+    ([], 'usage: build-template.sh OUT.tar.gz MIRROR'),
+    (['only-one'], 'usage: build-template.sh OUT.tar.gz MIRROR'),
+    (['/nonexistent/t.tar.gz', 'http://127.0.0.1:9/debian'], '/nonexistent is not a folder'),
+    (['{tmp}/t.tar.gz', 'http://127.0.0.1:9/debian', '{tmp}/missing.crt'], 'certificate {tmp}/missing.crt not found')])
+def test_build_template_refuses_bad_arguments_before_debootstrap(args, words, tmp_path):
+    """Run without arguments it stopped on 'parameter not set' (set -u) with no usage; a missing CA file was found
+    only after debootstrap had run for minutes."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    r = subprocess.run(['sh', BUILD_TEMPLATE, *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and words.format(tmp=tmp_path) in r.stderr, r
+    assert list(tmp_path.iterdir()) == []
+    help_ = subprocess.run(['sh', BUILD_TEMPLATE, '--help'], capture_output=True, text=True, timeout=30)
+    assert help_.returncode == 0 and help_.stdout.startswith('usage: build-template.sh'), help_

@@ -3,7 +3,12 @@
 # with extra CA certificates installed (a TLS-intercepting proxy's, a corporate CA).
 # Usage: build-template.sh OUT.tar.gz MIRROR "CA1.crt CA2.crt ..."
 set -eu
+usage='usage: build-template.sh OUT.tar.gz MIRROR ["CA1.crt CA2.crt ..."] (run as root: debootstrap and chroot)'
+case "${1:-}" in -h|--help) echo "$usage"; exit 0 ;; esac
+[ $# -ge 2 ] && [ $# -le 3 ] || { echo "$usage" >&2; exit 2; }
 out=$1 mirror=$2 cas=${3:-}
+[ -d "$(dirname "$out")" ] || { echo "build-template.sh: $(dirname "$out") is not a folder" >&2; exit 2; }
+for ca in $cas; do [ -f "$ca" ] || { echo "build-template.sh: extra CA certificate $ca not found" >&2; exit 2; }; done
 work=$(mktemp -d /var/tmp/glm5-template.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 root=$work/rootfs
@@ -11,7 +16,6 @@ debootstrap --variant=minbase \
   --include=systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,ca-certificates,iproute2,procps,sudo,less \
   bookworm "$root" "$mirror"
 for ca in $cas; do
-  [ -f "$ca" ] || { echo "extra CA certificate $ca not found" >&2; exit 1; }
   cp "$ca" "$root/usr/local/share/ca-certificates/$(basename "${ca%.*}").crt"
 done
 chroot "$root" update-ca-certificates
