@@ -38,6 +38,22 @@ def test_status_of_a_state_that_is_not_there_says_so_and_makes_nothing(tmp_path)
     assert not state.exists()
 
 
+
+@pytest.mark.parametrize('unbuffered', ['', '1'])
+def test_status_into_a_reader_that_has_gone_is_no_traceback(unbuffered, tmp_path):
+    """`glm5-lab status | head -1`: its lines went into a closed pipe and Python printed a BrokenPipeError traceback
+    (at the print, or as it exited: PYTHONUNBUFFERED set or not)."""
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}
+    env.update({'PYTHONUNBUFFERED': unbuffered} if unbuffered else {}, GLM5_LAB_STATE=str(tmp_path), GLM5_LAB_PORT='1')
+    read, write = os.pipe()
+    os.close(read)                              # the reader gone before the first line
+    try:
+        r = subprocess.run([GLM5_LAB, 'status'], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+                           env=env)
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and r.stderr == '', r
+
 BUILD_TEMPLATE = os.path.join(ROOT, 'scripts', 'lab', 'build-template.sh')
 
 

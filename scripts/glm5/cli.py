@@ -147,7 +147,9 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         inv = Inventory(os.path.abspath(args.inventory), args.vault_password_file, args.ask_vault_pass)
-        return COMMANDS[args.command](args, inv)
+        rc = COMMANDS[args.command](args, inv)
+        sys.stdout.flush()              # a reader that has gone is found here, not as Python exits
+        return rc
     except OpsError as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return exc.code

@@ -185,7 +185,13 @@ def main(argv=None):
     if args.command == 'serve':
         serve(p)
         return 0
-    return {'start': start, 'stop': stop, 'status': status, 'purge': purge}[args.command](p)
+    try:
+        rc = {'start': start, 'stop': stop, 'status': status, 'purge': purge}[args.command](p)
+        sys.stdout.flush()                  # a closed pipe found here, not as Python exits
+        return rc
+    except BrokenPipeError:                 # glm5-lab status | head: the reader has gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == '__main__':
