@@ -228,15 +228,20 @@ def table(reports, limit=LIMIT, top=12):
 
 
 def failures(path):
-    """(case, the message's first lines) of each failed or errored case of one JUnit XML file: a site.yml test's
-    message is 'rc=N', then the task that failed and why (tests/siterun.py)."""
+    """(case, the message's first lines, went on) of each failed or errored case of one JUnit XML file: a site.yml
+    test's message is 'rc=N', then the task that failed and why (tests/siterun.py). `went on`: a playbook's task
+    ('[host] play: task', Ansible's junit callback) after which that host ran more tasks - a failure a block rescued
+    (a refusal a verify provokes on purpose, or the cleanup before its own fail), not the one that stopped the run."""
     root = junit_root(path)
-    for case in root.iter('testcase') if root is not None else ():
+    cases = list(root.iter('testcase')) if root is not None else []
+    hosts = [re.match(r'\[([^\]]+)\] ', c.get('name') or '') for c in cases]
+    for n, case in enumerate(cases):
+        went_on = bool(hosts[n]) and any(h and h.group(1) == hosts[n].group(1) for h in hosts[n + 1:])
         for bad in list(case.findall('failure')) + list(case.findall('error')):
             text = (bad.get('message') or bad.text or '').strip()
             where = case.get('classname') or ''
             yield '{0}::{1}'.format(where, case.get('name')) if where else case.get('name'), \
-                ' | '.join(line.strip() for line in text.splitlines()[:3] if line.strip())[:500]
+                ' | '.join(line.strip() for line in text.splitlines()[:3] if line.strip())[:500], went_on
 
 
 def failed(reports, tail=40):
@@ -250,8 +255,13 @@ def failed(reports, tail=40):
         xmls = glob.glob(os.path.join(reports, s['step'] + '.xml')) + \
             sorted(glob.glob(os.path.join(reports, s['step'], '*.xml')), key=os.path.getmtime)
         for path in xmls:
-            for case, message in failures(path):
-                summary.append('  failed: {0}: {1}'.format(case, message))
+            found = list(failures(path))
+            rescued = [case for case, _, went_on in found if went_on]
+            if rescued:
+                summary.append('  {0} failed task(s) in {1} that its play went on from (rescued: refusals provoked on '
+                               'purpose, cleanups), the last: {2}'.format(len(rescued), os.path.basename(path),
+                                                                          rescued[-1]))
+            summary.extend('  failed: {0}: {1}'.format(case, message) for case, message, went_on in found if not went_on)
         log = os.path.join(reports, 'logs', s['step'] + '.log')
         if os.path.exists(log):
             with open(log, 'rb') as fh:

@@ -247,9 +247,16 @@ def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and 'TASK failed' in r.stdout
     (tmp_path / 'bad').mkdir()
+    # a verify's refusal provoked on purpose (its block rescued it: the host went on) is not what stopped the run
+    (tmp_path / 'bad' / 'verify-1795999999.5.xml').write_text(
+        '<testsuites><testsuite name="verify"><testcase classname="v" name="[n] Verify: refused on purpose" time="1">'
+        '<failure message="a bad flag: refused">d</failure></testcase>'
+        '<testcase classname="v" name="[m] Verify: another host" time="1"/>'
+        '<testcase classname="v" name="[n] Verify: the refusal said so" time="1"/></testsuite></testsuites>')
     (tmp_path / 'bad' / 'converge-1796000000.5.xml').write_text(
         '<testsuites><testsuite name="converge"><testcase classname="x" name="[n] Converge: the task" time="1.0">'
         '<failure message="unreachable: glm5-molecule-ct">details</failure></testcase></testsuite></testsuites>')
+    os.utime(tmp_path / 'bad' / 'verify-1795999999.5.xml', (1, 1))
     (tmp_path / 'bad.xml').write_text(
         '<testsuites><testsuite name="pytest"><testcase classname="tests.t" name="test_site" time="2.0">'
         '<failure message="AssertionError: rc=4&#10;fatal: [n]: UNREACHABLE! =&gt; changed=false&#10;  msg: timed out'
@@ -258,6 +265,9 @@ def test_a_failed_step_is_named_with_its_failed_tests_and_the_end_of_its_log(tmp
                          text=True, timeout=60).stdout
     assert 'FAILED step bad (exit 2' in out and 'FAILED step ok' not in out, out
     assert 'failed: x::[n] Converge: the task: unreachable: glm5-molecule-ct' in out, out
+    assert 'Verify: refused on purpose: a bad flag' not in out, out
+    assert '  1 failed task(s) in verify-1795999999.5.xml that its play went on from (rescued: refusals provoked on ' \
+           'purpose, cleanups), the last: v::[n] Verify: refused on purpose\n' in out, out
     # a site.yml test's failure says which task failed and why, not only its exit code
     assert 'failed: tests.t::test_site: AssertionError: rc=4 | fatal: [n]: UNREACHABLE! => changed=false | msg: timed ' \
            'out\n' in out, out
