@@ -312,3 +312,29 @@ def test_a_step_run_again_counts_as_it_last_ran_and_one_that_cannot_start_is_rec
         r = run(*args)
         assert r.returncode == 2 and r.stderr.startswith('usage: suite_durations.py step'), (args, r.stderr)
     assert not (tmp_path.parent / 'x.log').exists()
+
+
+def test_a_junit_report_ansible_could_not_write_is_said(tmp_path):
+    """The gateway verify's results held a nested run's coloured output: an escape character is not well-formed XML,
+    Ansible's junit callback wrote no report of that playbook (a warning in the log, wrapped and boxed by Molecule),
+    and make test's summary of a failed verify named no failed task, with nothing saying why."""
+    script = os.path.join(ROOT, 'scripts', 'suite_durations.py')
+    env = dict(os.environ, GLM5_TEST_REPORTS=str(tmp_path))
+    warning = ("printf '  \\342\\224\\202 \\033[1;35m[WARNING]: Callback dispatch \\047v2_playbook_on_stats\\047 failed for "
+               "plugin\\033[0m\\n  \\342\\224\\202 \\047ansible_collections.ansible.builtin.plugins.callback.junit\\047: not"
+               "\\n  \\342\\224\\202   well-formed (invalid token): line 3828, column 2591\\n  \\342\\224\\202 \\n"
+               "  \\342\\224\\202 PLAYBOOK RECAP ****\\n'")
+    assert subprocess.run([sys.executable, script, 'step', 'gw', '--', 'sh', '-c', warning + '; exit 2'], env=env,
+                          capture_output=True, timeout=60).returncode == 2
+    assert subprocess.run([sys.executable, script, 'step', 'fine', '--', 'echo', 'ok'], env=env,
+                          capture_output=True, timeout=60).returncode == 0
+    why = 'not well-formed (invalid token): line 3828, column 2591'
+    out = subprocess.run([sys.executable, script, 'failed', str(tmp_path)], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.rstrip().splitlines()[-1] == "  a playbook of gw left no JUnit report, its failed task not named here " \
+        "(Ansible's junit callback failed: {0}): read its log".format(why), out
+    out = subprocess.run([sys.executable, script, 'table', str(tmp_path)], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.rstrip().splitlines()[-1] == "JUnit report lost in gw (its playbook's tasks are not above): Ansible's " \
+        "junit callback failed: {0}".format(why), out
+    assert 'lost in fine' not in out
