@@ -1,8 +1,10 @@
 """N chat completions at once through the gateway (argv: url, N, [kill-after-seconds pidfile]), or N clients asking
-again and again for a while, beside one long answer asked at the start (argv: url, N, for, SECONDS, LONG_TOKENS); the
-fleet key on stdin. Prints one JSON line: the status of each request (0: no answer), when the engine was killed, and
-the long answer's status and tokens."""
+again and again for a while - SECONDS, or until STOP_FILE exists -, beside one long answer asked at the start (argv:
+url, N, for, SECONDS, [LONG_TOKENS, [STOP_FILE]]); the fleet key on stdin. Prints one JSON line: the status of each
+request (0: no answer), when the engine was killed, the long answer's status and tokens, and whether the clients
+stopped for STOP_FILE (not for SECONDS)."""
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ statuses, started = ([] if for_seconds is not None else [None] * count), time.ti
 
 
 long_tokens = int(sys.argv[5]) if for_seconds is not None and len(sys.argv) > 5 else 0
+stop_file = sys.argv[6] if for_seconds is not None and len(sys.argv) > 6 else None
 long_answer = {}
 
 
@@ -45,7 +48,7 @@ def once(i):
 
 
 def again_and_again(_i):
-    while time.time() - started < for_seconds:
+    while time.time() - started < for_seconds and not (stop_file and os.path.exists(stop_file)):
         statuses.append(ask()[0])          # list.append: one call, safe across threads
         if statuses[-1] != 200:
             time.sleep(0.1)                # a client's pause before it asks again
@@ -65,4 +68,4 @@ if len(sys.argv) > 4 and for_seconds is None:
 for t in threads:
     t.join()
 print(json.dumps({'statuses': statuses, 'killed_at': killed, 'seconds': round(time.time() - started, 2),
-                  'long': long_answer}))
+                  'long': long_answer, 'stopped_by_file': bool(stop_file and os.path.exists(stop_file))}))
