@@ -23,8 +23,6 @@ def test_reading_the_inventory_then_a_filter_warns_nothing():
                                 'http://127.0.0.1:30120/health_generate', '/etc/glm5/glm5-sglang.passed.json'], p.stdout
 
 
-
-
 @pytest.mark.parametrize('unbuffered', ['', '1'])
 def test_a_reader_that_has_gone_is_no_traceback(unbuffered):
     """`glm5 history | head -1`: what a command printed stays in Python's buffer until it exits, and the closed pipe

@@ -38,7 +38,6 @@ def test_status_of_a_state_that_is_not_there_says_so_and_makes_nothing(tmp_path)
     assert not state.exists()
 
 
-
 @pytest.mark.parametrize('unbuffered', ['', '1'])
 def test_status_into_a_reader_that_has_gone_is_no_traceback(unbuffered, tmp_path):
     """`glm5-lab status | head -1`: its lines went into a closed pipe and Python printed a BrokenPipeError traceback

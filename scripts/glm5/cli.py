@@ -50,6 +50,7 @@ import sys
 from glm5.commands import COMMANDS
 from glm5.errors import OpsError
 from glm5.inventory import DEFAULT_INVENTORY, Inventory
+from glm5.project import stdout_reader_gone
 
 
 def _levels(text):
@@ -153,9 +154,8 @@ def main(argv=None):
     except OpsError as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return exc.code
-    except BrokenPipeError:             # glm5 status | head: the reader has gone, nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:
+        return stdout_reader_gone()
     except (OSError, EOFError) as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ The package is installed editable (`make venv`), so its files stay in the checko
 from __future__ import annotations
 
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ANSIBLE_CFG = os.path.join(ROOT, 'ansible.cfg')
@@ -21,3 +22,10 @@ def use_module_utils():
     import ansible.module_utils
     if MODULE_UTILS not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(MODULE_UTILS)
+
+
+def stdout_reader_gone():
+    """For a command's `except BrokenPipeError` (`glm5 status | head`: the reader has gone): nothing more to say, and
+    nothing left for Python to flush into the closed pipe as it exits (a traceback). Returns the exit status, 1."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1

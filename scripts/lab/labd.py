@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 
+from glm5.project import stdout_reader_gone
 from glm5_lab.credentials import ensure_secrets
 from glm5_lab.front import Serving, Shared
 from glm5_lab.lxc import LabLxc
@@ -189,9 +190,8 @@ def main(argv=None):
         rc = {'start': start, 'stop': stop, 'status': status, 'purge': purge}[args.command](p)
         sys.stdout.flush()                  # a closed pipe found here, not as Python exits
         return rc
-    except BrokenPipeError:                 # glm5-lab status | head: the reader has gone, nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:                 # glm5-lab status | head
+        return stdout_reader_gone()
 
 
 if __name__ == '__main__':
