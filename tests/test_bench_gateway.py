@@ -267,13 +267,28 @@ def test_the_front_door_is_the_roles_haproxy_file_less_what_needs_its_package(tm
     text = bench_gateway.front_config(8443, 9001, 9002, str(tmp_path / 'admin.sock'), True)
     lines = [line.strip() for line in text.splitlines()]
     assert 'mode tcp' in lines and 'bind 127.0.0.1:8443' in lines and 'maxconn 20000' in lines, text
-    assert 'server primary 127.0.0.1:9001 check inter 1s fall 2 rise 1 check-ssl verify none' in lines, text
-    assert 'server handoff 127.0.0.1:9002 check inter 1s fall 2 rise 1 check-ssl verify none disabled' in lines, text
+    assert 'server primary 127.0.0.1:9001 check inter 1s fall 4 rise 1 check-ssl verify none' in lines, text
+    assert 'server handoff 127.0.0.1:9002 check inter 1s fall 4 rise 1 check-ssl verify none disabled' in lines, text
     assert 'stats socket {0} mode 600 level admin expose-fd listeners'.format(tmp_path / 'admin.sock') in lines
     assert not [x for x in lines if x.split(' ')[0] in ('chroot', 'user', 'group')], text
     assert text.endswith('\n')                  # HAProxy refuses a last line without one
     plain = bench_gateway.front_config(8443, 9001, 9002, 'sock', False, max_connections=900)
     assert 'check-ssl' not in plain and 'maxconn 900' in plain and 'maxconn 20000' not in plain
+
+
+@pytest.mark.parametrize('connect_ms, retries, fall', [(100, 30, 4), (1000, 3, 4), (5000, 3, 16)])
+def test_the_front_door_marks_smg_down_no_sooner_than_its_retries_give_up(monkeypatch, connect_ms, retries, fall):
+    """A health check connects within `timeout connect` too: an smg that stalls with its queue full fails its checks
+    as its connections time out. Marked down, HAProxy ends each connection it is retrying at once (a reset to the
+    client): a CI run had 71 of a burst of 200 reset with fall 2. Failed checks (every 1 s) before it is marked down
+    span the retries (retries x timeout connect)."""
+    defaults = bench_gateway.role_defaults()
+    monkeypatch.setattr(bench_gateway, 'role_defaults',
+                        lambda: dict(defaults, sglang_gateway_backend_connect_timeout_ms=connect_ms))
+    lines = [line.strip() for line in bench_gateway.front_config(8443, 9001, 9002, 'sock', False).splitlines()]
+    assert 'retries {0}'.format(retries) in lines and 'timeout connect {0}ms'.format(connect_ms) in lines, lines
+    assert 'server primary 127.0.0.1:9001 check inter 1s fall {0} rise 1'.format(fall) in lines, lines
+    assert (fall - 1) * 1000 >= retries * connect_ms
 
 
 @pytest.mark.skipif(not shutil.which('openssl'), reason='no openssl on this machine')
