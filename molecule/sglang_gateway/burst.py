@@ -19,11 +19,14 @@ async def one():
         writer.write('GET /health HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n'.format(u.hostname).encode())
         await writer.drain()
         line = await reader.readline()
+        if not line:
+            raise ConnectionError('closed without an answer')
         took = time.time() - at
         writer.close()
-        return took, int(line.split()[1])
-    except (OSError, ssl.SSLError, IndexError, ValueError):
-        return None, 0
+        status = int(line.split()[1])
+    except (OSError, ssl.SSLError, IndexError, ValueError) as e:
+        return None, 0, '{0:.3f} s: {1!r}'.format(time.time() - at, e)
+    return took, status, None
 
 
 async def main():
@@ -31,4 +34,5 @@ async def main():
     return await asyncio.gather(*[one() for _ in range(count)])
 
 results = asyncio.run(main())
-print(json.dumps({'seconds': [t for t, _ in results], 'statuses': [s for _, s in results]}))
+print(json.dumps({'seconds': [t for t, _, _ in results], 'statuses': [s for _, s, _ in results],
+                  'errors': [e for _, _, e in results if e]}))
