@@ -280,7 +280,7 @@ def test_the_front_door_is_the_roles_haproxy_file_less_what_needs_its_package(tm
 def test_the_front_door_marks_smg_down_no_sooner_than_its_retries_give_up(monkeypatch, connect_ms, retries, fall):
     """A health check connects within `timeout connect` too: an smg that stalls with its queue full fails its checks
     as its connections time out. Marked down, HAProxy ends each connection it is retrying at once (a reset to the
-    client): a CI run had 71 of a burst of 200 reset with fall 2. Failed checks (every 1 s) before it is marked down
+    client): 71 of a burst of 200 reset with fall 2 in a run by hand. Failed checks (every 1 s) before it is marked down
     span the retries (retries x timeout connect)."""
     defaults = bench_gateway.role_defaults()
     monkeypatch.setattr(bench_gateway, 'role_defaults',
