@@ -36,13 +36,14 @@ deploy: venv lab-up  ## venv (with .venv/bin/glm5) + lab + site.yml
 # A failure ends with what failed: the failed steps, their failed tests and tasks, the end of their logs.
 test: venv
 	rm -rf $(REPORTS) && mkdir -p $(REPORTS)
-	$(MAKE) --no-print-directory -j2 check lab-up || $(failed)
+	$(MAKE) --no-print-directory -j3 lint unit lab-up || $(failed)
 	$(MAKE) --no-print-directory -j2 --output-sync=target lanes || $(failed)
 	$(MAKE) --no-print-directory host-checks || $(failed)
 	$(MAKE) --no-print-directory durations
 
-# The quick loop (<= 3 minutes): lint + every test that needs no lab.
-check: venv lint unit
+# The quick loop (<= 3 minutes): lint beside every test that needs no lab (make -j2).
+check: venv
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit
 
 # The venv: uv (pinned in requirements-lab.txt) installs the pinned requirements in seconds where pip takes minutes.
 $(VENV)/.installed: requirements.txt requirements-lab.txt
