@@ -236,18 +236,27 @@ JUNIT_LOST = re.compile(r"Callback dispatch 'v2_playbook_on_stats' failed for pl
                         r"(?= PLAYBOOK RECAP| PLAY RECAP| TASK \[| \S*(?:WARNING|ERROR)|$)")
 
 
-def lost_reports(reports, steps=None):
+def step_log(reports, step):
+    """A step's log (logs/<step>.log) as text without its colours, '' where it left none."""
+    path = os.path.join(reports, 'logs', step + '.log')
+    if not os.path.exists(path):
+        return ''
+    with open(path, 'rb') as fh:
+        return ANSI.sub('', fh.read().decode('utf-8', 'replace'))
+
+
+def lost_reports(reports, steps=None, texts=None):
     """(step, why) for each playbook whose JUnit report Ansible's junit callback could not write, from the steps' logs
     (Molecule boxes and wraps the warning: its lines joined first). Such a playbook's tasks are missing from the
-    table and from what `failed` names: an escape character in a task's output made the XML not well-formed."""
+    table and from what `failed` names: an escape character in a task's output made the XML not well-formed.
+    texts: {step: its log's text} already read (`failed` reads each failed step's log once)."""
     found = []
     for log in sorted(glob.glob(os.path.join(reports, 'logs', '*.log'))):
         step = os.path.basename(log)[:-len('.log')]
         if steps is not None and step not in steps:
             continue
-        with open(log, 'rb') as fh:
-            text = ANSI.sub('', fh.read().decode('utf-8', 'replace'))
-        flat = re.sub(r'\s*\n[\s\u2502|]*', ' ', text)
+        text = (texts or {}).get(step)
+        flat = re.sub(r'\s*\n[\s\u2502|]*', ' ', step_log(reports, step) if text is None else text)
         found.extend((step, why.strip()[:200]) for why in JUNIT_LOST.findall(flat))
     return found
 
@@ -273,7 +282,7 @@ def failed(reports, tail=40):
     """What failed in the last make test: the end of each failed step's log, then (last, as CI shows the end of the
     output) each failed step with its failed tests / tasks."""
     steps = [s for s in read_steps(reports) if s['rc'] != 0]
-    logs, summary = [], []
+    logs, summary, texts = [], [], {}
     for s in steps:
         summary.append('FAILED step {0} (exit {1}, after {2}); its log: {3}'.format(
             s['step'], s['rc'], fmt(s['end'] - s['start']), os.path.join(reports, 'logs', s['step'] + '.log')))
@@ -287,14 +296,13 @@ def failed(reports, tail=40):
                                'purpose, cleanups), the last: {2}'.format(len(rescued), os.path.basename(path),
                                                                           rescued[-1]))
             summary.extend('  failed: {0}: {1}'.format(case, message) for case, message, went_on in found if not went_on)
-        log = os.path.join(reports, 'logs', s['step'] + '.log')
-        if os.path.exists(log):
-            with open(log, 'rb') as fh:
-                end = fh.read().decode('utf-8', 'replace').splitlines()[-tail:]
-            logs.append('The last {0} lines of {1}:'.format(len(end), log))
-            logs.extend('  | ' + ANSI.sub('', line) for line in end)
+        texts[s['step']] = step_log(reports, s['step'])
+        if texts[s['step']]:
+            end = texts[s['step']].splitlines()[-tail:]
+            logs.append('The last {0} lines of {1}:'.format(len(end), os.path.join(reports, 'logs', s['step'] + '.log')))
+            logs.extend('  | ' + line for line in end)
             logs.append('')
-    for step, why in lost_reports(reports, {s['step'] for s in steps}):
+    for step, why in lost_reports(reports, set(texts), texts):
         summary.append('  a playbook of {0} left no JUnit report, its failed task not named here (Ansible\'s junit '
                        'callback failed: {1}): read its log'.format(step, why))
     if not steps:
