@@ -44,11 +44,16 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+def log_path(reports, step):
+    """Where a step's output is kept (the console shows it too)."""
+    return os.path.join(reports, 'logs', step + '.log')
+
+
 def step(name, argv, reports=REPORTS):
     """Run argv, its output passed through and kept in logs/<name>.log; record wall time, exit code and CPU."""
     os.makedirs(os.path.join(reports, 'logs'), exist_ok=True)
     start, busy, own = time.time(), cpu_busy(), children_cpu()
-    with open(os.path.join(reports, 'logs', name + '.log'), 'wb') as log:
+    with open(log_path(reports, name), 'wb') as log:
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as exc:      # recorded as the shell records a command it cannot run, so `failed` names it
@@ -237,8 +242,8 @@ JUNIT_LOST = re.compile(r"Callback dispatch 'v2_playbook_on_stats' failed for pl
 
 
 def step_log(reports, step):
-    """A step's log (logs/<step>.log) as text without its colours, '' where it left none."""
-    path = os.path.join(reports, 'logs', step + '.log')
+    """A step's log as text without its colours, '' where it left none."""
+    path = log_path(reports, step)
     if not os.path.exists(path):
         return ''
     with open(path, 'rb') as fh:
@@ -284,8 +289,9 @@ def failed(reports, tail=40):
     steps = [s for s in read_steps(reports) if s['rc'] != 0]
     logs, summary, texts = [], [], {}
     for s in steps:
+        log = log_path(reports, s['step'])
         summary.append('FAILED step {0} (exit {1}, after {2}); its log: {3}'.format(
-            s['step'], s['rc'], fmt(s['end'] - s['start']), os.path.join(reports, 'logs', s['step'] + '.log')))
+            s['step'], s['rc'], fmt(s['end'] - s['start']), log))
         xmls = glob.glob(os.path.join(reports, s['step'] + '.xml')) + \
             sorted(glob.glob(os.path.join(reports, s['step'], '*.xml')), key=os.path.getmtime)
         for path in xmls:
@@ -299,7 +305,7 @@ def failed(reports, tail=40):
         texts[s['step']] = step_log(reports, s['step'])
         if texts[s['step']]:
             end = texts[s['step']].splitlines()[-tail:]
-            logs.append('The last {0} lines of {1}:'.format(len(end), os.path.join(reports, 'logs', s['step'] + '.log')))
+            logs.append('The last {0} lines of {1}:'.format(len(end), log))
             logs.extend('  | ' + line for line in end)
             logs.append('')
     for step, why in lost_reports(reports, set(texts), texts):
