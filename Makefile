@@ -12,17 +12,20 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 unexport PYTHONDONTWRITEBYTECODE
 
 # Where make test keeps its measurements (JUnit XML of pytest and of every playbook, each step's wall time);
-# `make durations` prints them as a table.
-REPORTS := build/test-reports
+# `make durations` prints them as a table. A step run outside make test (make check's lint and unit, make deploy's
+# lab-up, a lane by hand) keeps its log and times in build/step-reports instead, so that the table stays the last
+# make test's alone: make test runs its steps with SUITE=1.
+SUITE_REPORTS := build/test-reports
+REPORTS := $(if $(SUITE),$(SUITE_REPORTS),build/step-reports)
 # A step of the suite, timed and recorded: $(call step,<name>,<command>)
-step = $(PY) scripts/suite_durations.py step $(1) -- $(2)
+step = env GLM5_TEST_REPORTS=$(abspath $(REPORTS)) $(PY) scripts/suite_durations.py step $(1) -- $(2)
 # lane-ct's steps run at a lower CPU priority (nice 10): the full-stack lane is the longer one, and its smoke tests
 # time the engine at 8x the seeds' pace (at concurrency 64 a starved CPU failed their gates); lane-ct takes the CPU
 # the other lane leaves.
 ct_step = nice -n 10 $(call step,$(1),$(2))
 # The playbooks' per-task times, as JUnit XML (Ansible's own junit callback), in the step's folder.
 ansible_junit = ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit,ansible.posix.timer JUNIT_OUTPUT_DIR=$(abspath $(REPORTS))/$(1)
-failed = { $(PY) scripts/suite_durations.py failed $(REPORTS); exit 1; }
+failed = { $(PY) scripts/suite_durations.py failed $(SUITE_REPORTS); exit 1; }
 PYTEST = env GLM5_LAB=1 $(VENV)/bin/pytest -q -p no:cacheprovider --durations=10
 
 .PHONY: deploy test check venv lab-up lab-down lab-purge lint unit lanes lane-stack lane-ct \
@@ -35,10 +38,10 @@ deploy: venv lab-up  ## venv (with .venv/bin/glm5) + lab + site.yml
 # (the full-stack node and the container-stage node), then the checks that change the lab host itself, alone.
 # A failure ends with what failed: the failed steps, their failed tests and tasks, the end of their logs.
 test: venv
-	rm -rf $(REPORTS) && mkdir -p $(REPORTS)
-	$(MAKE) --no-print-directory -j3 lint unit lab-up || $(failed)
-	$(MAKE) --no-print-directory -j2 --output-sync=target lanes || $(failed)
-	$(MAKE) --no-print-directory host-checks || $(failed)
+	rm -rf $(SUITE_REPORTS) && mkdir -p $(SUITE_REPORTS)
+	$(MAKE) --no-print-directory -j3 SUITE=1 lint unit lab-up || $(failed)
+	$(MAKE) --no-print-directory -j2 --output-sync=target SUITE=1 lanes || $(failed)
+	$(MAKE) --no-print-directory SUITE=1 host-checks || $(failed)
 	$(MAKE) --no-print-directory durations
 
 # The quick loop (<= 3 minutes): lint beside every test that needs no lab (make -j2).
@@ -131,7 +134,7 @@ host-checks: venv
 
 # The measurements of the last make test, as a table (tests/README.md keeps the numbers of record).
 durations: venv
-	@$(PY) scripts/suite_durations.py table $(REPORTS)
+	@$(PY) scripts/suite_durations.py table $(SUITE_REPORTS)
 
 bench-deploy: venv  ## deploy benchmark (by hand; destroys and recreates the lab container)
 	$(PY) scripts/bench_deploy.py

@@ -80,8 +80,8 @@ def step(name, argv, reports=REPORTS):
 
 
 def read_steps(reports):
-    """The last record of each step (a step run again - `make check` after `make test` appends lint and unit - counts
-    once, as it last ran), in the order they started; a line that is not a whole record is left out."""
+    """The last record of each step (a step recorded again in the same folder counts once, as it last ran), in the
+    order they started; a line that is not a whole record is left out."""
     path = os.path.join(reports, 'steps.jsonl')
     if not os.path.exists(path):
         return []

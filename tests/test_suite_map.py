@@ -227,6 +227,30 @@ def test_each_kind_of_lab_test_runs_in_exactly_one_step_of_make_test():
         assert len(steps) == 1, '{0}: selected by {1}'.format(sorted(marks), steps)
 
 
+def test_only_make_test_records_into_the_suites_reports():
+    """make deploy's lab-up recorded its step beside make test's, so the table after a deploy read 81:21 for a make
+    test of 43:12 (its wall time runs from the first step's start to the last one's end). Every step make test runs
+    writes its times, logs and JUnit reports under build/test-reports; a step run any other way (make deploy's lab-up,
+    make check's lint and unit, a lane by hand) under build/step-reports."""
+    def reports_of(*targets):
+        dry = subprocess.run(['make', '-n', '--no-print-directory'] + list(targets), cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        steps = re.findall(r'GLM5_TEST_REPORTS=(\S+) \S+ scripts/suite_durations.py step ([\w.-]+)', dry.stdout)
+        junit = re.findall(r'(?:--junitxml=|JUNIT_OUTPUT_DIR=)(\S+)', dry.stdout)
+        return steps, junit
+
+    suite, other = os.path.join(ROOT, 'build', 'test-reports'), os.path.join(ROOT, 'build', 'step-reports')
+    steps, junit = reports_of('test')
+    assert {name for _, name in steps} >= {'lint', 'unit', 'lab-up', 'stack-molecule', 'ct-pytest', 'host-pytest'}, steps
+    assert {folder for folder, _ in steps} == {suite}, steps
+    assert junit and all(os.path.abspath(os.path.join(ROOT, j)).startswith(suite + os.sep) for j in junit), junit
+    for targets in (['deploy'], ['check'], ['lab-up'], ['lane-stack']):
+        steps, junit = reports_of(*targets)
+        assert steps and {folder for folder, _ in steps} == {other}, (targets, steps)
+        assert all(os.path.abspath(os.path.join(ROOT, j)).startswith(other + os.sep) for j in junit), (targets, junit)
+
+
 def test_durations_are_written_as_minutes_and_seconds():
     """119.6 s was written 1:00 (the minutes truncated, the seconds rounded)."""
     import suite_durations
