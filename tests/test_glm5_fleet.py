@@ -8,18 +8,20 @@ glm5's functions and commands run against it with this machine as both container
 waits for a request in flight, is idempotent, says when its bound passed, and undrain puts the node back healthy; no
 key is in the output, in --json, or on a command line.
 """
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import pytest
 import requests
 from glm5 import cli, commands, fleet
-from glm5.errors import OpsError
+from glm5.errors import Interrupted, OpsError
 from glm5.inventory import Inventory, filter_plugin
 from glm5.render import status_text
 from glm5.transport import Local
@@ -142,6 +144,17 @@ def one_error_line(capsys, argv, code=2):
     out = capsys.readouterr()
     assert out.out == '' and len(out.err.splitlines()) == 1, out
     return out.err.strip()
+
+
+def test_ctrl_c_is_one_line_and_exit_130_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Any command interrupted where it changes nothing of its own says so in one line (glm5 restart and drain say
+    where they left the node: the tests with a real gateway below)."""
+    def interrupted(args, inv):
+        raise KeyboardInterrupt
+    monkeypatch.setitem(cli.COMMANDS, 'history', interrupted)
+    with ctrl_c_kept():
+        said = one_error_line(capsys, ['history', '-i', write_inventory(tmp_path / 'inv')], code=130)
+    assert said == 'glm5: interrupted'
 
 
 def test_no_gateway_several_gateways_and_no_node_are_one_line_each(tmp_path, capsys):
@@ -374,6 +387,142 @@ def test_a_restart_leaves_and_rejoins_unrecorded_and_an_operators_drain_stays(la
         assert state(lab)[0]['n2'] == (False, None, True)
         with open(path) as fh:
             assert json.load(fh) == [mark]
+    finally:
+        assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
+
+
+@contextlib.contextmanager
+def ctrl_c_kept():
+    """A KeyboardInterrupt that escapes glm5 (the operator's traceback) would end pytest's whole session: it fails the
+    test instead."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C escaped glm5: the operator gets a traceback')
+
+
+def ctrl_c_at(words):
+    """A say() that is Ctrl-C (SIGINT reaches Python as KeyboardInterrupt) the first time the command says words."""
+    def say(text):
+        if words in text:
+            raise KeyboardInterrupt
+    return say
+
+
+def ctrl_c_after_removal(lab, monkeypatch):
+    """Ctrl-C at the first look at lab's gateway after a removal, while smg still lists the worker (it drains a
+    removed worker ~5 s before it lets go)."""
+    remove, workers, removed = lab.gw.remove, lab.gw.workers, []
+
+    def ctrl_c_once_removed():
+        if removed and removed.pop():
+            raise KeyboardInterrupt
+        return workers()
+    monkeypatch.setattr(lab.gw, 'remove', lambda i: (remove(i), removed.append(True)))
+    monkeypatch.setattr(lab.gw, 'workers', ctrl_c_once_removed)
+
+
+@pytest.mark.sglang
+def test_an_undrain_right_after_an_interrupted_drain_puts_the_node_back_to_stay(lab, monkeypatch):
+    """glm5 drain interrupted a moment after the removal, then glm5 undrain at once (tried on make deploy's lab): smg
+    still listed the worker, draining it, so undrain took it for in, and it left: 'not listed yet' 120 s later, the
+    node neither drained nor in. undrain waits until it has gone, then adds it."""
+    ctrl_c_after_removal(lab, monkeypatch)
+    with ctrl_c_kept(), pytest.raises(Interrupted):
+        fleet.drain([lab.gw], lab.node['n2'], 60, lambda text: None, interval=0.3)
+    monkeypatch.undo()
+    said = []
+    assert fleet.undrain([lab.gw], lab.node['n2'], 30, said.append)['healthy'], said
+    assert said[0] == 'n2: added to gw ({0}), no longer drained'.format(lab.engines[1].url), said
+    time.sleep(6)                           # longer than smg 1.13 drains a removed worker: it stays
+    assert state(lab)[0]['n2'] == (True, True, False)
+
+
+@pytest.mark.sglang
+def test_a_restarts_leave_interrupted_puts_the_node_back(lab, monkeypatch):
+    """Ctrl-C in glm5 restart while it waited for the gateway to let the node go (found by trying it on make deploy's
+    lab): a traceback, and the node left out of its gateway, unmarked, its engine never restarted. Nothing was
+    restarted yet: the node goes back in, and the one line says so. (The first mend put it back while smg still listed
+    it, draining it: taken for in, and then it left.)"""
+    ctrl_c_after_removal(lab, monkeypatch)
+    with ctrl_c_kept(), pytest.raises(Interrupted) as err:
+        fleet.drain([lab.gw], lab.node['n2'], 60, lambda text: None, interval=0.3, record=False)
+    assert err.value.code == 130
+    assert str(err.value) == 'n2: interrupted before the restart: nothing restarted, put back into gw'
+    assert state(lab)[0]['n2'] == (True, True, False)
+    time.sleep(6)                           # longer than smg 1.13 drains a removed worker (5 s): it stays
+    assert state(lab)[0]['n2'] == (True, True, False)
+
+
+@pytest.mark.sglang
+def test_an_operators_drain_interrupted_stays_drained_saying_where(lab):
+    """Ctrl-C while glm5 drain waits for the requests in flight: the drain the operator asked for stays (marked, out
+    of the gateway); only the wait was cut short, and the line says so and how to put it back."""
+    t, got = in_flight_beside(lab.engines[1], 90)
+    try:
+        with ctrl_c_kept(), pytest.raises(Interrupted) as err:
+            fleet.drain([lab.gw], lab.node['n2'], 60, ctrl_c_at(' in flight after '), interval=0.3)
+        assert err.value.code == 130 and str(err.value) == (
+            'n2: interrupted: marked drained in gw, out of gw; its in-flight requests were not waited for (glm5 drain '
+            'n2 again, glm5 undrain n2 puts it back)')
+        assert state(lab)[0]['n2'] == (False, None, True)
+    finally:
+        t.join(60)
+        assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
+    assert got[0].status_code == 200          # the request in flight was not cut short
+
+
+class StartInterrupted:
+    """glm5 restart's node with the lab's n2 behind the real gateway, whose engine's unit is stood in: its stop
+    answers, and Ctrl-C lands while it starts. What changes on the gateway is the real gateway's."""
+    service = 'glm5-sglang.service'
+
+    def __init__(self, lab):
+        self.name, self.contract = 'n2', dict(lab.node['n2'].contract, ready_path='/health_generate')
+        self.hv = types.SimpleNamespace(number=lambda var: 30)
+        self.shell = lab.node['n2'].ssh          # what glm5 asks the engine (its load) runs for real
+        self.ssh = types.SimpleNamespace(name='n2', run=self.run)
+        self.ran, self.unlocked = [], False
+
+    def run(self, cmd, timeout=60, **kw):
+        if not cmd.startswith('systemctl '):
+            return self.shell.run(cmd, timeout=timeout, **kw)
+        self.ran.append(cmd)
+        if 'systemctl start' in cmd:
+            raise KeyboardInterrupt
+        return types.SimpleNamespace(ok=True, stdout='', stderr='', exited=0)
+
+    def launch(self):
+        return {'base_url': self.contract['url']}
+
+    def lock(self, what):
+        pass
+
+    def unlock(self):
+        self.unlocked = True
+
+    def close(self):
+        pass
+
+
+@pytest.mark.sglang
+def test_a_restart_interrupted_while_its_engine_starts_keeps_it_out_and_says_so(lab, tmp_path, monkeypatch, capsys):
+    """From the stop on, the engine is not known ready: the node stays out of its gateway (a request sent there now
+    would fail), unmarked, the lock let go; one line says where it stands and what brings it back, exit 130."""
+    node = StartInterrupted(lab)
+    monkeypatch.setattr(commands, 'Node', lambda inv, name: node)
+    monkeypatch.setattr(fleet, 'in_front', lambda inv, name, required=True: [lab.gw])
+    inv = write_inventory(tmp_path / 'inv', n2={})
+    try:
+        with ctrl_c_kept():
+            assert cli.main(['restart', '-n', 'n2', '-i', inv, '--timeout', '30']) == 130
+        out = capsys.readouterr()
+        assert out.err == ('glm5: n2: interrupted while glm5-sglang.service started: it stays out of gw; glm5 restart '
+                           '-n n2 again, or glm5 undrain n2 once glm5 status -n n2 says it is ready\n'), out
+        assert 'Traceback' not in out.out + out.err and 'n2: out of gw' in out.out
+        assert node.unlocked and [c.split(' ')[0:2] for c in node.ran] == [['systemctl', 'stop'], ['systemctl',
+                                                                                                  'reset-failed']]
+        assert state(lab)[0]['n2'] == (False, None, False)
     finally:
         assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
 

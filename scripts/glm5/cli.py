@@ -156,6 +156,9 @@ def main(argv=None):
         return exc.code
     except BrokenPipeError:
         return stdout_reader_gone()
+    except KeyboardInterrupt:       # where a command changes something, it says where it left it (Interrupted)
+        print('glm5: interrupted', file=sys.stderr)
+        return 130
     except (OSError, EOFError) as exc:
         print('glm5: {0}'.format(exc), file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ import sys
 import time
 
 from glm5 import fleet, monitoring
-from glm5.errors import OpsError, UsageError
+from glm5.errors import Interrupted, OpsError, UsageError
 from glm5.node import Node
 from glm5.progress import Progress
 from glm5.render import gpu_table, iso, num, status_text, table
@@ -305,7 +305,7 @@ def cmd_restart(args, inv):
     gws = fleet.in_front(inv, name, required=False)
     node = Node(inv, name)
     say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))
-    left = None
+    left, doing = None, None        # doing: stopping or starting, once the node is out of its gateways (for Ctrl-C)
     try:
         launch = node.launch()
         if launch is None:
@@ -324,6 +324,7 @@ def cmd_restart(args, inv):
                     'back in' if back['healthy'] else 'put back (not healthy yet: glm5 fleet)'))
         say('{0}: stopping {1} (running requests drain first, up to {2} s)'.format(node.name, node.service,
                                                                                    stop_timeout - 60))
+        doing = 'stopping'
         t0 = time.monotonic()
         r = node.ssh.run('systemctl stop {0}'.format(shlex.quote(node.service)), timeout=stop_timeout)
         stopped = round(time.monotonic() - t0, 1)
@@ -331,6 +332,7 @@ def cmd_restart(args, inv):
             raise OpsError('{0}: systemctl stop {1}: {2}'.format(node.name, node.service, r.stderr.strip() or r.exited))
         say('{0}: stopped after {1} s; starting'.format(node.name, stopped))
         # an operator's restart is not a crash loop: the unit's start limit (StartLimitBurst) is reset first
+        doing = 'starting'
         r = node.ssh.run('systemctl reset-failed {0}; systemctl start {0}'.format(shlex.quote(node.service)),
                          timeout=120)
         if not r.ok:
@@ -357,6 +359,8 @@ def cmd_restart(args, inv):
             if not joined['healthy']:
                 raise OpsError(fleet.undrain_error(joined, node, _gateway_timeout(
                     args, gws, 'sglang_gateway_join_timeout')))
+    except KeyboardInterrupt:
+        raise Interrupted(_restart_interrupted(node, gws, doing)) from None
     finally:
         node.unlock()
         node.close()
@@ -373,6 +377,20 @@ def cmd_restart(args, inv):
             node.name, node.service, ready, unit['active'], unit['sub'], node.contract['ready_path'],
             (health or {}).get('status') or (health or {}).get('detail')))
     return 0
+
+
+def _restart_interrupted(node, gws, doing):
+    """Where a restart interrupted (Ctrl-C) left the node, in one line. Before the stop nothing changed, or
+    glm5.fleet.drain put it back and said so (as glm5.fleet.undrain says where its put-back was cut short); from the
+    stop on the node stays out of its gateways, its engine not known ready."""
+    if doing is None:
+        return '{0}: interrupted before the restart: nothing changed'.format(node.name)
+    then = 'while {0} {1}'.format(node.service, {'stopping': 'stopped', 'starting': 'started'}[doing])
+    if not gws:
+        return '{0}: interrupted {1}: glm5 status -n {0} says where it stands, glm5 restart -n {0} again'.format(
+            node.name, then)
+    return ('{0}: interrupted {1}: it stays out of {2}; glm5 restart -n {0} again, or glm5 undrain {0} once glm5 '
+            'status -n {0} says it is ready'.format(node.name, then, ', '.join(g.name for g in gws)))
 
 
 COMMANDS = {'status': cmd_status, 'gpus': cmd_gpus, 'logs': cmd_logs, 'bench': cmd_bench, 'history': cmd_history,

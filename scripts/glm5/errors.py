@@ -10,3 +10,8 @@ class OpsError(Exception):
 class UsageError(OpsError):
     """Bad input; exit 2."""
     code = 2
+
+
+class Interrupted(OpsError):
+    """Ctrl-C (SIGINT) in the middle of a change: one line saying where it was left; exit 130, as a shell's."""
+    code = 130

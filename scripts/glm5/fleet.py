@@ -18,7 +18,7 @@ import socket
 import time
 
 from glm5.contract import GATEWAY_ADMIN_KEY_VAR
-from glm5.errors import OpsError, UsageError
+from glm5.errors import Interrupted, OpsError, UsageError
 from glm5.inventory import GATEWAY_CONTRACT, GATEWAYS, filter_plugin
 from glm5.node import unit_state
 from glm5.render import ago, table
@@ -92,6 +92,7 @@ print(json.dumps(mine[0] if mine else None))
 # smg's smg_worker_cb_state gauge, per worker URL
 CIRCUIT = {0: 'closed', 1: 'open', 2: 'half-open'}
 GONE_TIMEOUT = 30           # as the deploy's leave (roles/sglang_gateway/tasks/leave_one.yml)
+BACK_TIMEOUT = 30           # a restart's leave interrupted: the node, ready a moment ago, healthy again in its gateways
 
 
 def ask(shell, method, url, keyfile='', var='', body=None, timeout=60, secret=None, wait=30):
@@ -423,6 +424,11 @@ def in_flight(node, wait=30):
     return res
 
 
+def listed(gw, worker):
+    """The gateway's workers at the worker URL (its list, asked now)."""
+    return [w for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
+
+
 def _wait(check, timeout, interval):
     """check() until it returns a true value or timeout seconds have passed -> its last value."""
     t0 = time.monotonic()
@@ -452,14 +458,49 @@ def drain(gws, node, timeout, say, interval=2, record=True, force=False):
         raise OpsError('{0}: nothing was changed; undrain another node first, or --force'.format(problem))
     entry = {'node': node.name, 'since': _now(), 'by': '{0}@{1}'.format(getpass.getuser(), socket.gethostname())}
     res = {'node': node.name, 'gateways': [], 'drained': False}
+    marked, taken = [], []      # the gateways that hold its mark, and those it was taken out of: what Ctrl-C leaves
+    try:
+        return _drain(gws, node, timeout, say, interval, record, entry, res, marked, taken)
+    except KeyboardInterrupt:
+        raise Interrupted(_drain_interrupted(gws, node, say, record, marked, taken)) from None
+
+
+def _drain_interrupted(gws, node, say, record, marked, taken):
+    """What a drain interrupted (Ctrl-C) leaves, in one line. An operator's drain (record) stays: the node is marked
+    drained where it was, only the wait for its in-flight requests was cut short. glm5 restart's leave (not record)
+    had restarted nothing yet: the node goes back into the gateways it was taken out of."""
+    if not record:
+        if not taken:
+            return '{0}: interrupted before it left {1}: nothing restarted'.format(
+                node.name, ', '.join(g.name for g in gws))
+        try:
+            back = undrain(taken, node, BACK_TIMEOUT, say, record=False)
+        except OpsError as exc:         # (a second Ctrl-C too: undrain's Interrupted)
+            return '{0}: interrupted before the restart: out of {1}, and putting it back failed ({2}): glm5 undrain {0} ' \
+                   'puts it back'.format(node.name, ', '.join(g.name for g in taken), exc)
+        return '{0}: interrupted before the restart: nothing restarted, put back into {1}{2}'.format(
+            node.name, ', '.join(g.name for g in taken), '' if back['healthy'] else ' (not healthy there yet: glm5 fleet)')
+    if not marked:
+        return '{0}: interrupted before anything changed'.format(node.name)
+    still_in = [g.name for g in marked if g not in taken]
+    return '{0}: interrupted: marked drained in {1}{2}{3}; its in-flight requests were not waited for (glm5 drain {0} ' \
+           'again, glm5 undrain {0} puts it back)'.format(
+               node.name, ', '.join(g.name for g in marked),
+               ', out of {0}'.format(', '.join(g.name for g in taken)) if taken else '',
+               ', still in {0}'.format(', '.join(still_in)) if still_in else '')
+
+
+def _drain(gws, node, timeout, say, interval, record, entry, res, marked, taken):
     for gw in gws:
         worker = gw.worker_url(node.name)
+        if record:
+            marked.append(gw)           # (before the mark and the removal: rather said of one a moment early than missed)
         before = gw.mark('add', node.name, dict(entry, worker=worker)) if record else _operator_drained(gw, node.name)
-        ids = [w['id'] for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
+        ids = [w['id'] for w in listed(gw, worker)]
+        taken.append(gw)                # out of it from here: taken out now, or not in it
         for i in ids:
             gw.remove(i)
-        if ids and not _wait(lambda gw=gw, worker=worker: not any(
-                (w.get('url') or '').rstrip('/') == worker for w in gw.workers()), GONE_TIMEOUT, 1):
+        if ids and not _wait(lambda gw=gw, worker=worker: not listed(gw, worker), GONE_TIMEOUT, 1):
             raise OpsError('{0} still routes to {1} {2} s after its removal: {3} is marked drained there; glm5 drain '
                            '{3} tries again (journalctl -u {4} on {0})'.format(gw.name, worker, GONE_TIMEOUT, node.name,
                                                                                 gw.contract['service']))
@@ -510,6 +551,14 @@ def undrain(gws, node, timeout, say, interval=1, record=True):
     """Put node back into each gateway: off its drained file, added with the node's key (read on the node) unless it
     is there, then healthy in each gateway's view within timeout s. record False (glm5 restart): the drained file is
     only read - a gateway whose operator drained the node keeps it out."""
+    try:
+        return _undrain(gws, node, timeout, say, interval, record)
+    except KeyboardInterrupt:
+        raise Interrupted('{0}: interrupted while it was put back into {1}: glm5 fleet shows where it stands, glm5 '
+                          'undrain {0} puts it back'.format(node.name, ', '.join(g.name for g in gws))) from None
+
+
+def _undrain(gws, node, timeout, say, interval, record):
     res, key = {'node': node.name, 'gateways': [], 'healthy': False}, None
     for gw in list(gws):
         worker = gw.worker_url(node.name)
@@ -523,7 +572,13 @@ def undrain(gws, node, timeout, say, interval=1, record=True):
                 gws = [g for g in gws if g is not gw]
                 continue
         # what the gateway has and the node's key first: a node whose key cannot be read stays drained
-        there = [w for w in gw.workers() if (w.get('url') or '').rstrip('/') == worker]
+        there = listed(gw, worker)
+        if any(w.get('status') == 'draining' for w in there):
+            # smg letting it go (a removal under way, ~5 s; a drain interrupted a moment ago): on its way out, not
+            # in - taken for in, it would leave after the put-back. Added once it has gone.
+            _wait(lambda gw=gw, worker=worker: not any(w.get('status') == 'draining' for w in listed(gw, worker)),
+                  GONE_TIMEOUT, 1)
+            there = listed(gw, worker)
         if not there and key is None:
             r = node.ssh.run('cat {0}'.format(shlex.quote(node.contract['key_file'])))
             if not r.ok or not r.stdout.strip():
@@ -550,7 +605,7 @@ def undrain(gws, node, timeout, say, interval=1, record=True):
     def healthy():
         for gw in gws:
             worker = gw.worker_url(node.name)
-            w = [x for x in gw.workers() if (x.get('url') or '').rstrip('/') == worker]
+            w = listed(gw, worker)
             state[gw.name] = ('healthy' if w[0].get('is_healthy') else 'unhealthy ({0})'.format(w[0].get('status'))) \
                 if w else 'not listed yet'
         return all(s == 'healthy' for s in state.values())
