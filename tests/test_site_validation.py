@@ -113,6 +113,32 @@ def test_two_nodes_sharing_a_container_id_port_or_directory_are_refused(lab_api,
     assert snapshot(lab_api, WATCHED) == before
 
 
+def test_a_limit_that_leaves_out_the_nodes_gateway_is_refused_before_any_change(lab_api, tmp_path):
+    """--limit NODE where a gateway fronts NODE (tried on make deploy's lab): the node cannot leave or rejoin a gateway
+    whose settings the run does not know. It was refused at the serving play, after the container play had made or
+    changed the container and the environment play its SGLang build; now by site.yml's second play, first."""
+    import yaml
+    hosts = {'all': {'children': {
+        'pve_hosts': {'hosts': {'pve-lab': None}},
+        'inference_nodes': {'hosts': {'glm5-a': {'pve_container_vmid': 194, 'ansible_port': 20194}}},
+        'gateways': {'hosts': {'gw-a': {'pve_container_vmid': 195, 'ansible_port': 20195}}}}}}
+    (tmp_path / 'hosts.yml').write_text(yaml.safe_dump(hosts))
+    os.symlink(os.path.join(ROOT, 'inventories', 'lab', 'group_vars'), str(tmp_path / 'group_vars'))
+    before = snapshot(lab_api, WATCHED)
+    for args in ((), ('--check',), ('--tags', 'smoke', '--check')):
+        run = site(None, '--limit', 'glm5-a', *args, inventory=str(tmp_path), sglang=True)
+        assert run.rc != 0, run
+        assert ("gw-a: this run does not know the gateway's settings (site.yml's first play did not run for it, e.g. "
+                "--limit left it out), so glm5-a cannot leave or rejoin it safely; add the gateways to --limit "
+                "(--limit 'glm5-a,gateways')") in run.out, run
+        assert 'PLAY [Containers on the Proxmox VE host' not in run.raw, run
+    # a run that never reaches the serving play leaves no gateway: not refused (its removal, the container stages)
+    for extra, args in (({'pve_container_state': 'absent'}, ()), (None, ('--skip-tags', 'sglang'))):
+        run = site(extra, '--limit', 'glm5-a', '--check', *args, inventory=str(tmp_path), sglang=True)
+        assert run.rc == 0 and 'does not know the gateway' not in run.out, run
+    assert snapshot(lab_api, WATCHED) == before
+
+
 def test_an_unprivileged_node_on_a_privileged_nodes_cache_is_refused_naming_a_file(lab_api, tmp_path):
     """A writable host directory holding files of the host's own ids (a privileged node's SGLang cache) is read-only to
     an unprivileged container's root: refused before anything changes, naming a file and the one-time shift; the
