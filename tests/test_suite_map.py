@@ -232,9 +232,12 @@ def test_only_make_test_records_into_the_suites_reports():
     test of 43:12 (its wall time runs from the first step's start to the last one's end). Every step make test runs
     writes its times, logs and JUnit reports under build/test-reports; a step run any other way (make deploy's lab-up,
     make check's lint and unit, a lane by hand) under build/step-reports."""
+    # (as a user types it: under make test, its SUITE=1 reaches this make through MAKEFLAGS)
+    env = {k: v for k, v in os.environ.items() if k not in ('MAKEFLAGS', 'MFLAGS', 'MAKELEVEL', 'SUITE')}
+
     def reports_of(*targets):
         dry = subprocess.run(['make', '-n', '--no-print-directory'] + list(targets), cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, env=env)
         assert dry.returncode == 0, dry.stderr
         steps = re.findall(r'GLM5_TEST_REPORTS=(\S+) \S+ scripts/suite_durations.py step ([\w.-]+)', dry.stdout)
         junit = re.findall(r'(?:--junitxml=|JUNIT_OUTPUT_DIR=)(\S+)', dry.stdout)
