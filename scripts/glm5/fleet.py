@@ -456,11 +456,9 @@ def drain(gws, node, timeout, say, interval=2, record=True, force=False):
     problem = '' if force else last_serving(gws, node)
     if problem:
         raise OpsError('{0}: nothing was changed; undrain another node first, or --force'.format(problem))
-    entry = {'node': node.name, 'since': _now(), 'by': '{0}@{1}'.format(getpass.getuser(), socket.gethostname())}
-    res = {'node': node.name, 'gateways': [], 'drained': False}
     marked, taken = [], []      # the gateways that hold its mark, and those it was taken out of: what Ctrl-C leaves
     try:
-        return _drain(gws, node, timeout, say, interval, record, entry, res, marked, taken)
+        return _drain(gws, node, timeout, say, interval, record, marked, taken)
     except KeyboardInterrupt:
         raise Interrupted(_drain_interrupted(gws, node, say, record, marked, taken)) from None
 
@@ -490,7 +488,9 @@ def _drain_interrupted(gws, node, say, record, marked, taken):
                ', still in {0}'.format(', '.join(still_in)) if still_in else '')
 
 
-def _drain(gws, node, timeout, say, interval, record, entry, res, marked, taken):
+def _drain(gws, node, timeout, say, interval, record, marked, taken):
+    entry = {'node': node.name, 'since': _now(), 'by': '{0}@{1}'.format(getpass.getuser(), socket.gethostname())}
+    res = {'node': node.name, 'gateways': [], 'drained': False}
     for gw in gws:
         worker = gw.worker_url(node.name)
         if record:
