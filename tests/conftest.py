@@ -1,6 +1,7 @@
 """The project's module_utils importable as Ansible imports them (`ansible.module_utils.<name>`); the modules, filters
 and scripts come from pytest's pythonpath (pyproject.toml)."""
 import os
+import subprocess
 
 import pytest
 from glm5.project import ROOT
@@ -21,6 +22,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'lab_api' in item.fixturenames or any(item.get_closest_marker(m) for m in LANE_MARKERS):
             item.add_marker(pytest.mark.lab)
+
+
+class SmallFilesystem(object):
+    """A tmpfs of a chosen size at `path` (a real filesystem that fills up; resized in place, keeping its files)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.mounted = False
+
+    def size(self, nbytes):
+        """Mount it, or resize it, to nbytes (rounded up to a 4 KiB page)."""
+        opts = 'size={0}'.format(-(-int(nbytes) // 4096) * 4096)
+        cmd = ['mount', '-o', 'remount,' + opts, self.path] if self.mounted else \
+            ['mount', '-t', 'tmpfs', '-o', opts + ',mode=0755', 'glm5-test-fs', self.path]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        self.mounted = True
+        return self
+
+    def free(self):
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A filesystem that can be filled: a tmpfs mounted under tmp_path (root only: skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip('mounting a small tmpfs needs root')
+    fs = SmallFilesystem(tmp_path / 'small-fs')
+    os.makedirs(fs.path)
+    yield fs
+    if fs.mounted:
+        subprocess.run(['umount', '-l', fs.path], check=True)
 
 
 @pytest.fixture(scope='session')

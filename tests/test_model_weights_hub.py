@@ -4,6 +4,7 @@ checked, the completeness marker written last; a dropped connection resumed with
 half-way; a wrong revision, a missing token and a hub that serves other bytes are refused with one line."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -149,3 +150,38 @@ def test_weights_damaged_after_they_were_marked_are_downloaded_again(capsys, hub
     assert out['changed'] and out['written'] == ['model-00001-of-00001.safetensors'], out
     assert out['damaged'] == ['model-00001-of-00001.safetensors'], out
     assert path.read_bytes() == good and (dest / '.glm5-complete').exists()
+
+
+MIB, GIB = 1024 ** 2, 1024 ** 3
+
+
+def used(fs):
+    st = os.statvfs(fs.path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+@pytest.mark.hub_args('--cut-after', str(12 * 1024 * 1024))
+def test_a_download_that_does_not_fit_is_refused_before_it_starts_and_a_resumed_part_counts(capsys, hub, tmp_path,
+                                                                                            small_fs):
+    """huggingface_hub only warns when the disk is short, then fills it. The files still to download must fit with
+    reserve_gb (1 GiB) left, before anything is fetched; the part of a cut download it resumes is counted as there
+    (a 400 GB download cut at 90% is not refused for the whole)."""
+    small_fs.size(GIB + 8 * MIB)
+    dest = os.path.join(small_fs.path, 'models', 'GLM-5-NVFP4')
+    out = run_module(capsys, **args(hub, dest))
+    assert out.get('failed') and '7 files to write need 24.' in out['msg'] and 'nothing was written' in out['msg'], out
+    assert os.listdir(small_fs.path) == []
+    # a download cut after 12 MiB elsewhere (huggingface_hub keeps a 10 MiB part), carried onto the small filesystem
+    part = tmp_path / 'cut'
+    assert run_module(capsys, **args(hub, part)).get('failed')
+    parts = [f for f in (part / '.cache' / 'huggingface' / 'download').iterdir() if f.name.endswith('.incomplete')]
+    assert [f.stat().st_size for f in parts] == [10 * MIB], parts
+    shutil.copytree(str(part), dest, symlinks=True)
+    small_fs.size(used(small_fs) + GIB + MIB)
+    short = run_module(capsys, **args(hub, dest))
+    assert short.get('failed') and 'nothing was written' in short['msg'], short
+    assert short['need'] < 24 * MIB + 17 - 10 * MIB + 64 * 1024, short          # the part counted as there
+    small_fs.size(used(small_fs) + GIB + short['need'] + 64 * 1024)
+    done = run_module(capsys, **args(hub, dest))
+    assert done['changed'] and not done.get('failed'), done
+    assert any('range=bytes=' in line for line in hub.stop().splitlines()), 'not resumed from the part'

@@ -197,3 +197,50 @@ def test_the_stand_in_model_script_never_writes_over_a_folder_that_is_not_its_ow
     # --help is help, in the folder it runs in
     h = subprocess.run([sys.executable, STAND_IN, '--help'], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert h.returncode == 0 and 'stand_in_model.py DIR' in h.stdout and not (tmp_path / '--help').exists()
+
+
+MIB, GIB = 1024 ** 2, 1024 ** 3
+
+
+def big_staged(path):
+    """The stand-in model with an 8 MiB shard (with its sum), so that the room it needs shows on a small filesystem."""
+    make_staged(path)
+    (path / 'model-00002-of-00002.safetensors').write_bytes(os.urandom(8 * MIB))
+    subprocess.run('find . -type f ! -name SHA256SUMS -print0 | sort -z | xargs -0 sha256sum > SHA256SUMS', shell=True,
+                   cwd=str(path), check=True)
+    return str(path)
+
+
+def test_a_model_that_does_not_fit_is_refused_before_anything_is_written(capsys, tmp_path, small_fs):
+    """Found when two fleets shared the lab's disk: a copy onto a filesystem without room stopped half-way with the
+    disk full. Now the files to write, and reserve_gb (1 GiB) left free, are counted first: refused with what is
+    needed and what is free, in check mode too, nothing made; with room the same run goes through."""
+    staged = big_staged(tmp_path / 'staged' / 'GLM-5-NVFP4')
+    small_fs.size(GIB + 4 * MIB)
+    dest = os.path.join(small_fs.path, 'models', 'GLM-5-NVFP4')
+    for check in (True, False):
+        out = run_module(capsys, check_mode=check, src=staged, dest=dest)
+        assert out.get('failed') and 'nothing was written' in out['msg'], out
+        assert out['filesystem'] == small_fs.path and '9 files to write need 8.1 MiB' in out['msg'], out['msg']
+        assert 8 * MIB < out['need'] < 9 * MIB and out['free'] == small_fs.free() < out['need'] + GIB
+        assert os.listdir(small_fs.path) == []
+    small_fs.size(GIB + 12 * MIB)
+    out = run_module(capsys, src=staged, dest=dest)
+    assert out['changed'] and not out.get('failed') and len(out['written']) == 9, out
+    # a model there already needs nothing more, however full the disk is now
+    small_fs.size(GIB + 9 * MIB)
+    assert not run_module(capsys, src=staged, dest=dest)['changed']
+
+
+def test_hard_links_need_no_room_on_the_staged_copys_own_filesystem(capsys, small_fs):
+    """link=true with the staged copy on the cache's filesystem writes no new bytes: not refused for the copy's size."""
+    small_fs.size(GIB + 12 * MIB)
+    import pathlib
+    staged = big_staged(pathlib.Path(small_fs.path, 'staging', 'GLM-5-NVFP4'))
+    assert small_fs.free() < GIB + 8 * MIB
+    dest = os.path.join(small_fs.path, 'models', 'GLM-5-NVFP4')
+    copied = run_module(capsys, src=staged, dest=dest, link=False)
+    assert copied.get('failed') and 'need 8.1 MiB' in copied['msg'], copied
+    linked = run_module(capsys, src=staged, dest=dest, link=True)
+    assert linked['changed'] and not linked.get('failed'), linked
+    assert os.stat(os.path.join(dest, 'model-00002-of-00002.safetensors')).st_nlink == 2

@@ -29,6 +29,12 @@ description:
     (all of them with I(verify=full)), and one that no longer matches its sha256 is placed or downloaded again,
     with a warning naming it.
   - >-
+    Before anything is written (in check mode too), the files still to write must fit: their sizes, less the bytes
+    of the files they replace and of huggingface_hub's resumable partial downloads of them, plus I(reserve_gb), must
+    be free on the filesystem I(dest) is on (nothing with I(link) when I(src) is on it too); else the run fails
+    naming the filesystem, what is needed and what is free, and nothing is changed - not a download or copy that
+    stops half-way with the disk full.
+  - >-
     Never deletes a file it did not write (a downloaded file that failed its check is one it wrote), and never
     touches I(src).
 options:
@@ -61,6 +67,12 @@ options:
     type: str
     choices: [quick, full]
     default: quick
+  reserve_gb:
+    description: >-
+      GiB left free on I(dest)'s filesystem once the files are written (the wheel cache and the bench histories may
+      share it); 0 - only what the files need.
+    type: float
+    default: 1
   exclude:
     description: Top-level names not taken from src.
     type: list
@@ -99,6 +111,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 MARKER = '.glm5-complete'
 CHUNK = 8 * 1024 * 1024
+GIB = 1024 ** 3
 
 
 def sha256(path):
@@ -182,7 +195,54 @@ def damaged_files(module, dest, marker, full):
     return out
 
 
-def start(module, dest, source, sizes, exclude):
+def human(n):
+    return '{0:.1f} GiB'.format(n / GIB) if abs(n) >= GIB else '{0:.1f} MiB'.format(n / 1024.0 ** 2)
+
+
+def nearest(path):
+    """path, or its nearest parent directory that exists."""
+    near = os.path.abspath(path)
+    while not os.path.exists(near):
+        near = os.path.dirname(near)
+    return near
+
+
+def filesystem(path):
+    """(mount point, bytes free to a writer that is not root - f_bavail) of the filesystem path is on, or would be
+    on once made (its nearest existing parent)."""
+    near = nearest(path)
+    st = os.statvfs(near)
+    point = near
+    while not os.path.ismount(point):
+        point = os.path.dirname(point)
+    return point, st.f_bavail * st.f_frsize
+
+
+def room(module, dest, todo, sizes, have, partial, linked):
+    """Fail, before anything is written, when the files to write do not fit on dest's filesystem with reserve_gb
+    left: each file to write needs its size, less the bytes of the file it replaces at dest (a download removes it
+    first; a copy replaces it by rename, so the largest of them is needed once more while it is copied) and of a
+    partial download huggingface_hub resumes (partial: {file: bytes}). linked: hard links, no new bytes."""
+    if linked or not todo:
+        return
+    replaced = [have.get(k, 0) for k in todo]
+    need = sum(sizes[k] for k in todo) - sum(replaced)
+    if module.params['source'] == 'path':
+        need += max(replaced)
+    else:
+        need -= sum(min(partial.get(k, 0), sizes[k]) for k in todo)
+    reserve = int(module.params['reserve_gb'] * GIB)
+    point, free = filesystem(dest)
+    if need + reserve > free:
+        module.fail_json(
+            msg='{0}: the {1} file{2} to write need {3} on {4}, which has {5} free ({6} kept free: reserve_gb): '
+                'nothing was written. Free space there, or put the model cache on a larger filesystem '
+                '(sglang_model_host_cache_dir)'.format(dest, len(todo), '' if len(todo) == 1 else 's', human(need),
+                                                       point, human(free), human(reserve)),
+            need=need, free=free, filesystem=point)
+
+
+def start(module, dest, source, sizes, exclude, partial=None, linked=False):
     """What both sources do first: (result, None) when there is nothing to do (the marker names this source and
     these files and sizes, they are there, and those whose mtime moved still hash to the marker's sha256) or in
     check mode; else the marker is removed, since nothing is complete again until verified, and (None, the files
@@ -207,6 +267,7 @@ def start(module, dest, source, sizes, exclude):
             return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=[], damaged=[],
                         marker=marker), None, []
     todo = sorted(set(k for k, v in sizes.items() if have.get(k) != v) | set(damaged))
+    room(module, dest, todo, sizes, have, partial or {}, linked)
     if module.check_mode:
         return dict(changed=True, files=len(sizes), bytes=sum(sizes.values()), written=todo, damaged=damaged,
                     marker=marker or {}), None, damaged
@@ -250,7 +311,7 @@ def from_hub(module):
                                                                                     p['allow_patterns']))
     source = 'hub:{0}@{1}'.format(p['repo'], info.sha)
     sizes = dict((k, s.size) for k, s in wanted.items())
-    result, todo, damaged = start(module, dest, source, sizes, set(p['exclude']))
+    result, todo, damaged = start(module, dest, source, sizes, set(p['exclude']), partial=partial_downloads(dest, wanted))
     if result:
         return result
     for rel in todo:        # a file there under its final name is taken for present by huggingface_hub's record
@@ -282,6 +343,22 @@ def from_hub(module):
     marker = {'source': source, 'files': files, 'bytes': sum(sizes.values())}
     write_marker(dest, marker)
     return dict(changed=True, files=len(files), bytes=marker['bytes'], written=todo, damaged=damaged, marker=marker)
+
+
+def partial_downloads(dest, wanted):
+    """{file: bytes} of huggingface_hub's partial downloads in dest that it resumes: the .incomplete files of
+    .cache/huggingface/download/ named for the file's etag (the sha256 of an LFS file, else its git blob sha), the
+    version wanted now (a partial of another revision is not resumed, and is not counted)."""
+    out = {}
+    for rel, sib in wanted.items():
+        etag = sib.lfs.sha256 if sib.lfs is not None else sib.blob_id
+        folder = os.path.join(dest, '.cache', 'huggingface', 'download', os.path.dirname(rel))
+        if not etag or not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            if name.endswith('.{0}.incomplete'.format(etag)):
+                out[rel] = out.get(rel, 0) + os.path.getsize(os.path.join(folder, name))
+    return out
 
 
 def forget_download(dest, rel):
@@ -332,7 +409,9 @@ def run(module):
             module.fail_json(msg='{0} and {1} disagree: {2}{3}; nothing was changed'.format(
                 src, sums_name, ('not in the list: ' + ', '.join(unlisted[:5])) if unlisted else '',
                 ('{0}listed but not staged: '.format('; ' if unlisted else '') + ', '.join(missing[:5])) if missing else ''))
-    result, todo, damaged = start(module, dest, src, want, exclude)
+    linked = p['link'] and filesystem(src)[0] == filesystem(dest)[0] and \
+        os.stat(src).st_dev == os.stat(nearest(dest)).st_dev
+    result, todo, damaged = start(module, dest, src, want, exclude, linked=linked)
     if result:
         return result
     files = {}
@@ -396,6 +475,7 @@ def main():
             link=dict(type='bool', default=False),
             checksums=dict(type='str', default='SHA256SUMS'),
             verify=dict(type='str', choices=['quick', 'full'], default='quick'),
+            reserve_gb=dict(type='float', default=1.0),
             exclude=dict(type='list', elements='str', default=['.cache', '.git', MARKER]),
         ),
         supports_check_mode=True,
