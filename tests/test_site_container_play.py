@@ -9,7 +9,7 @@ import os
 
 import pytest
 from glm5_lab.paths import paths
-from siterun import site, snapshot
+from siterun import node_ssh, site, snapshot
 
 GROUP_WARNING = 'Could not match supplied host pattern'
 
@@ -84,6 +84,20 @@ def test_a_gpu_node_missing_on_the_host_stops_the_run(node, ct, lab_api):
         os.rename('/dev/nvidia3.moved-by-test', '/dev/nvidia3')
     assert snapshot(lab_api, [node[1]]) == before
     assert len(gpus_of(config(ct))) == 8
+
+
+@pytest.mark.ct
+def test_a_new_sglang_build_without_room_is_refused_before_anything_is_installed(node):
+    """Found when two fleets shared the lab's disk: a new SGLang build (~9 GiB) on a full disk stopped half-way in
+    uv with "No space left on device". The container's real filesystem, checked through the SGLang plays: asked for
+    more than it has, sglang_env stops before apt, uv or the build, naming the node, the filesystem, need and have."""
+    hostvars = node[2]
+    r = site({'sglang_env_build_free_gb': 100000}, '--tags', 'sglang', inventory=node[0], sglang=True)
+    assert r.rc != 0, r
+    assert 'a new SGLang build (/opt/glm5/sglang.d/seed-validated-' in r.out, r
+    assert 'needs 100000 GiB free on /, which has' in r.out and 'nothing was installed' in r.out, r
+    there = node_ssh(hostvars, 'ls /opt/glm5 2>&1; dpkg-query -W -f "${Status}" patch 2>&1')
+    assert 'No such file or directory' in there.stdout and 'install ok installed' not in there.stdout, there.stdout
 
 
 @pytest.mark.ct
