@@ -5,12 +5,13 @@ scrape filter makes of an inventory, bad input included."""
 import os
 import shutil
 import subprocess
+import sys
 
 import jinja2
 import pytest
 import siterun
 import yaml
-from glm5_prometheus import prometheus_duration_problems, prometheus_scrape
+from glm5_prometheus import prometheus_duration_problems, prometheus_scrape, prometheus_size_problems
 from sglang_fleet import sglang_fleet_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,6 +140,27 @@ def test_durations_prometheus_would_refuse_are_named():
         "c must be a Prometheus duration such as 30s, 2m or 1h30m, got '5'"]
 
 
+@pytest.mark.parametrize('size, disk, problem', [
+    ('4GB', 8, None), ('512MB', None, None), ('6GiB', 8, None), ('', 8, None), (None, 8, None),
+    ('4gb', 8, "prometheus_retention_size must be a Prometheus size such as 512MB or 4GB"),   # Prometheus: unknown unit
+    ('4 GB', 8, 'must be a Prometheus size'), ('4', 8, 'must be a Prometheus size'),
+    ('0GB', 8, "prometheus_retention_size must be above 0 (\"\" for no cap), got '0GB'"),
+    ('7GB', 8, "prometheus_retention_size 7GB leaves less than 2 GiB of the container's 8 GiB disk"),
+    ('6145MB', '8', 'leaves less than 2 GiB'),                 # 6 GiB and 1 MiB: 1024 MB to the GB, as Prometheus reads it
+])
+def test_the_samples_cap_must_be_a_size_prometheus_reads_that_leaves_the_disk_room(size, disk, problem):
+    got = prometheus_size_problems(size, disk)
+    assert (got == []) if problem is None else (len(got) == 1 and problem in got[0]), got
+
+
+def test_the_samples_cap_is_on_prometheus_command_line_or_not_at_all(tmp_path):
+    for size, flag in (('4GB', ' --storage.tsdb.retention.size=4GB '), ('', None)):
+        args = render('prometheus.default.j2', str(tmp_path / 'default'), prometheus_retention_size=size)
+        with open(args) as fh:
+            line = [x for x in fh if x.startswith('ARGS=')][0]
+        assert (flag in line) if flag else ('retention.size' not in line), line
+
+
 def test_promtool_accepts_the_configuration_and_the_rules(tmp_path):
     rules = render('glm5-alerts.yml.j2', str(tmp_path / 'glm5-alerts.yml'))
     config = render('prometheus.yml.j2', str(tmp_path / 'prometheus.yml'))
@@ -239,3 +261,17 @@ def test_a_gateway_and_a_pve_host_at_ipv6_addresses_are_scraped_in_brackets():
     s = scrape(hostvars=hv)
     assert (s['gateways'][0]['target'], s['gateways'][0]['handoff_target']) == ('[fd00::9]:29000', '[fd00::9]:29001')
     assert s['pve_hosts'][0]['target'] == '[fd00::5]:9100'
+
+
+def test_a_samples_cap_the_container_cannot_hold_stops_site_yml_before_any_host_is_touched():
+    """site.yml on the lab inventory (not contacted: its monitoring settings play is read-only and runs first)."""
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
+               PATH=bindir + os.pathsep + os.environ['PATH'])
+    r = subprocess.run([os.path.join(bindir, 'ansible-playbook'), 'site.yml', '--check', '-e',
+                        'prometheus_retention_size=7GB'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = ' '.join(r.stdout.split())
+    assert r.returncode != 0 and "prometheus_retention_size 7GB leaves less than 2 GiB of the container's 8 GiB disk" \
+        in out, out[-3000:]
+    recap = r.stdout[r.stdout.index('PLAY RECAP'):]
+    assert 'glm5-prom' in recap and 'pve-lab' not in recap, recap     # no play reached the PVE host

@@ -74,6 +74,18 @@ def test_the_fleets_rules_are_loaded_with_the_inventorys_numbers(stack_node):
     assert expected['metric']['gateway'] == GATEWAY and float(expected['value'][1]) == len(NODES)
 
 
+def test_its_samples_are_capped_in_time_and_size_as_the_inventory_says(stack_node):
+    """The running Prometheus' own flags: prometheus_retention and prometheus_retention_size (the role's default when
+    the inventory has none), which Prometheus shows in base-2 units (4GB is 4GiB to it)."""
+    import yaml
+    with open(os.path.join(os.path.dirname(__file__), '..', 'roles', 'prometheus', 'defaults', 'main.yml')) as fh:
+        defaults = yaml.safe_load(fh)
+    size = PROM_VARS.get('prometheus_retention_size', defaults['prometheus_retention_size'])
+    flags = api('/api/v1/status/flags')
+    assert flags['storage.tsdb.retention.time'] == PROM_VARS.get('prometheus_retention', defaults['prometheus_retention'])
+    assert size and flags['storage.tsdb.retention.size'] == re.sub(r'([KMGTPE])B$', r'\1iB', size), flags
+
+
 def test_the_fleets_page_renders_every_node_and_the_gateway(stack_node):
     """/consoles/glm5.html, rendered by Prometheus from the role's console template: a row per engine (up, with its
     figures), the gateway with both workers."""

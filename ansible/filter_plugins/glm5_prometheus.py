@@ -5,6 +5,8 @@ from urllib.parse import urlsplit
 
 LOOPBACK = ('127.', 'localhost', '::1', '[::1]')
 DURATION = re.compile(r'^([0-9]+(ms|s|m|h|d|w|y))+$')
+SIZE = re.compile(r'^([0-9]+)(B|[KMGTPE]i?B)$')
+GIB = 1024 ** 3
 
 
 def _get(hv, name, default):
@@ -102,6 +104,26 @@ def prometheus_duration_problems(settings):
             for k, v in sorted(settings.items()) if not DURATION.match(str(v))]
 
 
+def prometheus_size_problems(size, disk_gb=None, name='prometheus_retention_size'):
+    """A cap on the samples' size (--storage.tsdb.retention.size, base-2 units as Prometheus reads them: 1 KB = 1024 B);
+    empty: no cap. A line if Prometheus would refuse it, or if it leaves less than 2 GiB of the container's disk
+    (disk_gb: pve_container_disk_size, GiB; None: not known) for the system and Prometheus itself."""
+    if size is None or size == '':
+        return []
+    m = SIZE.match(str(size))
+    if not m:
+        return ['{0} must be a Prometheus size such as 512MB or 4GB (B, KB, MB, GB, TB, PB, EB: 1 KB = 1024 B; or KiB...), '
+                'or "" for no cap, got {1!r}'.format(name, size)]
+    nbytes = int(m.group(1)) * 1024 ** 'BKMGTPE'.index(m.group(2)[0])
+    if nbytes == 0:
+        return ['{0} must be above 0 ("" for no cap), got {1!r}'.format(name, size)]
+    if disk_gb not in (None, '') and nbytes + 2 * GIB > float(disk_gb) * GIB:
+        return ['{0} {1} leaves less than 2 GiB of the container\'s {2} GiB disk (pve_container_disk_size) for the system '
+                'and Prometheus itself: its samples would fill the disk first'.format(name, size, disk_gb)]
+    return []
+
+
 class FilterModule(object):
     def filters(self):
-        return {'prometheus_scrape': prometheus_scrape, 'prometheus_duration_problems': prometheus_duration_problems}
+        return {'prometheus_scrape': prometheus_scrape, 'prometheus_duration_problems': prometheus_duration_problems,
+                'prometheus_size_problems': prometheus_size_problems}
