@@ -232,6 +232,12 @@ def test_a_model_that_does_not_fit_is_refused_before_anything_is_written(capsys,
     assert not run_module(capsys, src=staged, dest=dest)['changed']
 
 
+def test_a_negative_reserve_is_refused(capsys, staged, tmp_path):
+    out = run_module(capsys, src=staged, dest=str(tmp_path / 'm'), reserve_gb=-1)
+    assert out.get('failed') and out['msg'] == 'reserve_gb must be 0 or more (GiB left free), got -1.0', out
+    assert not (tmp_path / 'm').exists()
+
+
 def test_hard_links_need_no_room_on_the_staged_copys_own_filesystem(capsys, small_fs):
     """link=true with the staged copy on the cache's filesystem writes no new bytes: not refused for the copy's size."""
     small_fs.size(GIB + 12 * MIB)

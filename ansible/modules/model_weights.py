@@ -381,6 +381,8 @@ def forget_download(dest, rel):
 
 def run(module):
     p = module.params
+    if p['reserve_gb'] < 0:
+        module.fail_json(msg='reserve_gb must be 0 or more (GiB left free), got {0}'.format(p['reserve_gb']))
     if p['source'] == 'hub':
         missing = [k for k in ('repo', 'revision') if not p[k]]
         if missing:
