@@ -82,8 +82,17 @@ def test_its_samples_are_capped_in_time_and_size_as_the_inventory_says(stack_nod
         defaults = yaml.safe_load(fh)
     size = PROM_VARS.get('prometheus_retention_size', defaults['prometheus_retention_size'])
     flags = api('/api/v1/status/flags')
-    assert flags['storage.tsdb.retention.time'] == PROM_VARS.get('prometheus_retention', defaults['prometheus_retention'])
+    assert seconds(flags['storage.tsdb.retention.time']) == seconds(
+        PROM_VARS.get('prometheus_retention', defaults['prometheus_retention'])), flags   # it shows 7d as 1w
     assert size and flags['storage.tsdb.retention.size'] == re.sub(r'([KMGTPE])B$', r'\1iB', size), flags
+
+
+def seconds(duration):
+    """A Prometheus duration (1w2d, 30d, 90s) in seconds."""
+    unit = {'ms': 0.001, 's': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800, 'y': 31536000}
+    parts = re.findall(r'([0-9]+)(ms|s|m|h|d|w|y)', duration)
+    assert parts and ''.join(n + u for n, u in parts) == duration, duration
+    return sum(int(n) * unit[u] for n, u in parts)
 
 
 def test_the_fleets_page_renders_every_node_and_the_gateway(stack_node):
