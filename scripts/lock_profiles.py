@@ -2,14 +2,20 @@
 """Write (or check) the hashed lock of each SGLang profile: roles/sglang_env/profiles/<name>/requirements.lock.
 
     scripts/lock_profiles.py [--check] [NAME ...]
+    scripts/lock_profiles.py --sizes-from UV_CACHE [NAME ...]
 
 For each profile (all by default) it runs `uv pip compile --generate-hashes` on the profile's `requirements`,
 resolved as of the profile's `resolved_as_of` date (`--exclude-newer`), for its Python on Debian 12 x86_64
 (glibc 2.36). The lock pins the whole environment; the role installs it with `--require-hashes`.
 --check resolves again into a temporary file and exits 1 when it differs from the committed lock (a lock
 resolved as of a fixed date must come out the same every time). Needs uv (requirements-lab.txt) and PyPI.
+
+--sizes-from writes each profile's wheel-sizes.json instead: the disk every pin of its lock takes unpacked in the
+given uv cache (the folder UV_CACHE_DIR names), which must hold them all: install the lock from it first (the lab's
+is /srv/glm5-lab/sglang-cache/uv once `make test` ran). sglang_env checks the wheel cache's room against them.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +23,10 @@ import sys
 import tempfile
 
 import yaml
+from packaging.utils import canonicalize_name, canonicalize_version
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'ansible', 'filter_plugins'))
+from sglang_profiles import WHEEL_SIZES, lock_pins  # noqa: E402  (the roles' own reading of a lock)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = os.path.join(ROOT, 'roles', 'sglang_env', 'profiles')
@@ -56,9 +66,61 @@ def compile_lock(profile, lock):
         os.replace(new, lock)
 
 
+def _key(name, version):
+    return canonicalize_name(name), canonicalize_version(version)
+
+
+def cache_sizes(cache):
+    """{(name, version): bytes on disk} of every wheel unpacked in the uv cache (archive-v0/<id>/ holds one, named
+    by its .dist-info folder); each file counted once per wheel, the largest copy where a wheel is there twice."""
+    archive = os.path.join(cache, 'archive-v0')
+    if not os.path.isdir(archive):
+        raise SystemExit('lock_profiles: {0} is not a uv cache (no archive-v0 in it)'.format(cache))
+    out = {}
+    for entry in os.listdir(archive):
+        top = os.path.join(archive, entry)
+        infos = [d[:-len('.dist-info')] for d in os.listdir(top) if d.endswith('.dist-info')] \
+            if os.path.isdir(top) else []
+        if len(infos) != 1 or '-' not in infos[0]:
+            continue
+        size, seen = 0, set()
+        for folder, _, files in os.walk(top):
+            for name in files:
+                st = os.lstat(os.path.join(folder, name))
+                if st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    size += st.st_blocks * 512
+        key = _key(*infos[0].rsplit('-', 1))
+        out[key] = max(size, out.get(key, 0))
+    return out
+
+
+def write_sizes(profile, lock, measured, path):
+    with open(lock) as fh:
+        pins = lock_pins(fh.read())
+    sizes = {pin: measured.get(_key(*pin.split('==', 1))) for pin in pins}
+    missing = [pin for pin, size in sizes.items() if size is None]
+    if missing:
+        raise SystemExit('lock_profiles: {0}: {1} of its {2} pins are not in the cache ({3}{4}): install its lock from '
+                         'that cache first'.format(profile['name'], len(missing), len(pins), ', '.join(missing[:3]),
+                                                   ', ...' if len(missing) > 3 else ''))
+    doc = {'about': 'Disk (bytes) each pin of {0} takes unpacked in uv\'s wheel cache: written by '
+                    'scripts/lock_profiles.py --sizes-from; roles/sglang_env checks the cache\'s room against them.'
+                    .format(profile['lock']),
+           'total_gib': round(sum(sizes.values()) / 2 ** 30, 2), 'sizes': sizes}
+    new = path + '.new'
+    with open(new, 'w') as fh:
+        json.dump(doc, fh, indent=1, sort_keys=False)
+        fh.write('\n')
+    os.replace(new, path)
+    return doc
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--check', action='store_true', help='compare with the committed lock, write nothing')
+    parser.add_argument('--sizes-from', metavar='UV_CACHE',
+                        help="write each profile's wheel-sizes.json from this uv cache (no lock is resolved)")
     parser.add_argument('names', nargs='*')
     args = parser.parse_args(argv)
     names = args.names or sorted(os.listdir(PROFILES))
@@ -77,6 +139,16 @@ def main(argv=None):
         if missing:
             raise SystemExit('lock_profiles: {0} has no {1}'.format(path, ', '.join(missing)))
         profiles[name] = profile
+    if args.sizes_from:
+        if args.check:
+            raise SystemExit('lock_profiles: --sizes-from writes; it has no --check')
+        measured = cache_sizes(args.sizes_from)
+        for name, profile in profiles.items():
+            path = os.path.join(PROFILES, name, WHEEL_SIZES)
+            doc = write_sizes(profile, os.path.join(PROFILES, name, profile['lock']), measured, path)
+            print('{0}: wrote {1} ({2} pins, {3} GiB)'.format(name, os.path.relpath(path, ROOT), len(doc['sizes']),
+                                                             doc['total_gib']))
+        return 0
     if not shutil.which(uv()):
         raise SystemExit('lock_profiles: uv not found (beside this Python or on PATH): make venv installs it')
     status = 0

@@ -5,15 +5,17 @@ SGLang cache mount), so a second environment costs little disk and no download.
 
 Needs PyPI (or the warm cache) and ~1 min per profile the first time: `make test` runs it (marker `sglang`).
 """
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 
+import lock_profiles
 import pytest
 import sglang_profiles as sglang_filters
-from sglang_envs import NAMES, PROFILES, ROOT, environment, load, sha256, site_packages
+from sglang_envs import NAMES, PROFILES, ROOT, environment, lab_wheel_cache, load, sha256, site_packages
 from sglang_server_args import check
 
 MODEL = ['--model-path', '/models/glm-5']
@@ -82,6 +84,44 @@ def test_profile_problems_name_what_is_wrong(tmp_path):
     assert sglang_filters.sglang_profile_problems({'name': 'x'}, 'x', str(tmp_path))[0].endswith('description is missing')
 
 
+def test_wheel_sizes_must_cover_the_lock(tmp_path):
+    """sglang_env's wheel-cache room check sums wheel-sizes.json: a profile whose lock changed since its sizes were
+    measured (a pin without a size), or without the file, or with a size that is not bytes, is refused by name."""
+    shutil.copytree(os.path.join(PROFILES, 'current'), str(tmp_path / 'current'))
+    where = str(tmp_path / 'current')
+    profile = load('current')
+    assert sglang_filters.sglang_profile_problems(profile, 'current', where) == []
+    path = os.path.join(where, 'wheel-sizes.json')
+    with open(path) as fh:
+        doc = json.load(fh)
+    del doc['sizes']['torch==2.14.1']
+    doc['sizes']['extra==1'] = -5
+    with open(path, 'w') as fh:
+        json.dump(doc, fh)
+    text = '\n'.join(sglang_filters.sglang_profile_problems(profile, 'current', where))
+    assert 'wheel-sizes.json has no size for 1 of its lock (torch==2.14.1): the lock changed since it was measured; ' \
+        'scripts/lock_profiles.py --sizes-from <uv cache> current measures them again' in text, text
+    assert 'sizes are bytes, integers above 0; not extra==1' in text, text
+    os.remove(path)
+    text = '\n'.join(sglang_filters.sglang_profile_problems(profile, 'current', where))
+    assert "SGLang profile 'current': wheel-sizes.json cannot be read" in text, text
+
+
+def test_sizes_are_measured_only_from_a_cache_that_holds_the_whole_lock(tmp_path):
+    """lock_profiles.py --sizes-from writes nothing from a folder that is not a uv cache, or from a cache that lacks
+    pins of the lock (a size left out would make the room check ask too little)."""
+    before = open(os.path.join(PROFILES, 'current', 'wheel-sizes.json')).read()
+    script = [sys.executable, os.path.join(ROOT, 'scripts', 'lock_profiles.py'), '--sizes-from']
+    r = subprocess.run(script + [str(tmp_path), 'current'], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and 'is not a uv cache (no archive-v0 in it)' in r.stderr, r.stderr
+    (tmp_path / 'archive-v0' / 'x1' / 'torch-2.14.1.dist-info').mkdir(parents=True)
+    r = subprocess.run(script + [str(tmp_path), 'current'], capture_output=True, text=True, timeout=60)
+    pins = len(sglang_filters.lock_pins(open(os.path.join(PROFILES, 'current', 'requirements.lock')).read()))
+    assert r.returncode == 1 and 'current: {0} of its {1} pins are not in the cache'.format(pins - 1, pins) \
+        in r.stderr, r.stderr
+    assert open(os.path.join(PROFILES, 'current', 'wheel-sizes.json')).read() == before
+
+
 def test_flags_overrides_and_argv():
     flags = sglang_filters.sglang_flags({'tp': 8, 'disable-radix-cache': True, 'x': 1},
                                         {'x': None, 'tp': 4, 'enable-metrics': True, 'disable-radix-cache': False})
@@ -108,6 +148,24 @@ def test_profile_flags_parse_with_its_sglang(name):
     nd = result['non_default']
     assert nd.get('tp_size', nd.get('tensor_parallel_size')) == 8   # the dest was renamed between versions
     assert result['non_default']['moe_runner_backend'] == 'flashinfer_cutlass'
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize('name', NAMES)
+def test_wheel_sizes_are_what_the_real_cache_holds(name):
+    """What the room check sums is real: each pin's size in wheel-sizes.json is the disk its wheel takes unpacked in
+    the lab's uv cache, which this profile's environment was installed from (the same uv as the role's)."""
+    environment(name)
+    measured = lock_profiles.cache_sizes(lab_wheel_cache())
+    with open(os.path.join(PROFILES, name, 'wheel-sizes.json')) as fh:
+        committed = json.load(fh)['sizes']
+    off = {}
+    for pin, size in committed.items():
+        got = measured.get(lock_profiles._key(*pin.split('==', 1)))
+        if got is None or abs(got - size) > max(size // 100, 65536):
+            off[pin] = (size, got)
+    assert not off, off
+    assert sum(committed.values()) > 8 * 2 ** 30
 
 
 @pytest.mark.sglang

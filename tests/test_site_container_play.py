@@ -5,11 +5,13 @@ container_base, gpu_container and pve_container scenarios just before); each tes
 checks the truth through the PVE API and on the lab host. A test that stops or removes the node brings it back.
 The one that moves a GPU device node on the lab host away is marked `host`: it runs alone, after the lanes.
 """
+import json
 import os
+import shutil
 
 import pytest
 from glm5_lab.paths import paths
-from siterun import node_ssh, site, snapshot
+from siterun import ROOT, node_ssh, site, snapshot
 
 GROUP_WARNING = 'Could not match supplied host pattern'
 
@@ -98,6 +100,41 @@ def test_a_new_sglang_build_without_room_is_refused_before_anything_is_installed
     assert 'needs 100000 GiB free on /, which has' in r.out and 'nothing was installed' in r.out, r
     there = node_ssh(hostvars, 'ls /opt/glm5 2>&1; dpkg-query -W -f "${Status}" patch 2>&1')
     assert 'No such file or directory' in there.stdout and 'install ok installed' not in there.stdout, there.stdout
+
+
+@pytest.mark.ct
+def test_a_download_the_wheel_cache_has_no_room_for_is_refused_before_it_starts(node):
+    """The host-side wheel cache takes as much again as a build (~9 GiB) the first time a profile is built on a PVE
+    host, and nothing checked its room: a full /srv stopped uv half-way. On this node's real cold cache (the test's
+    own, emptied first) through the SGLang plays: uv's real dry run says every package is missing, the need is the
+    profile's wheel sizes summed, plus the build's room (the lab's cache and rootfs share this machine's filesystem)
+    and the reserve; asked for more than there is, nothing is downloaded and no build is started; --check says so
+    too. (Without the check - its count misread once - the run downloaded 9.3 GiB and deployed whole.) (After the room
+    test above, so that one still finds nothing installed; the container is made again by the tests below.)"""
+    hostvars = node[2]
+    cache = os.path.join(hostvars['pve_container_sglang_cache_dir'], 'uv')
+    shutil.rmtree(cache, ignore_errors=True)
+    with open(os.path.join(ROOT, 'roles', 'sglang_env', 'profiles', 'seed-validated', 'wheel-sizes.json')) as fh:
+        sizes = json.load(fh)['sizes']
+    r = site({'sglang_env_build_free_gb': 1, 'sglang_env_cache_reserve_gb': 100000}, '--tags', 'sglang',
+             inventory=node[0], sglang=True)
+    assert r.rc != 0, r
+    need = (sum(sizes.values()) + 100001 * 2 ** 30) / 2 ** 30
+    words = ('the wheel cache (/var/cache/sglang/uv, on /var/cache/sglang) lacks {0} of the {0} packages of profile '
+             'seed-validated: up to {1:.1f} GiB to download, and the new build\'s 1 GiB on the same filesystem, with '
+             'sglang_env_cache_reserve_gb (100000) left: {2:.1f} GiB needed,').format(len(sizes), sum(sizes.values())
+                                                                                    / 2 ** 30, need)
+    assert words in r.out and 'Nothing was downloaded or built' in r.out, r
+    assert hostvars['pve_container_sglang_cache_dir'] in r.out, r     # where to free space: the PVE host's side
+    assert not os.path.exists(os.path.join(cache, 'archive-v0')) or not os.listdir(os.path.join(cache, 'archive-v0'))
+    there = node_ssh(hostvars, 'ls -A /opt/glm5/sglang.d /tmp | grep -E "^(seed-validated-|glm5-room-)" || echo none')
+    assert there.stdout.strip() == 'none', there.stdout
+    # --check says the same, now that uv is there to ask (its dry run in a folder of /tmp, removed after)
+    r = site({'sglang_env_build_free_gb': 1, 'sglang_env_cache_reserve_gb': 100000}, '--tags', 'sglang', '--check',
+             inventory=node[0], sglang=True)
+    assert r.rc != 0 and words in r.out, r
+    there = node_ssh(hostvars, 'ls -A /opt/glm5/sglang.d /tmp | grep -E "^(seed-validated-|glm5-room-)" || echo none')
+    assert there.stdout.strip() == 'none', there.stdout
 
 
 @pytest.mark.ct

@@ -2,13 +2,15 @@
 
 A profile (roles/sglang_env/profiles/<name>/profile.yml) is data; these filters decide what it means:
 
-- sglang_profile_problems(profile, name, profile_dir, patch_overrides): one line per problem, [] when usable;
+- sglang_profile_problems(profile, name, profile_dir, patch_overrides): one line per problem, [] when usable
+  (its lock there, and the wheel sizes of every pin in it: wheel-sizes.json);
 - sglang_profile_patches(profile, patch_overrides): the patches with `enabled` after the inventory's overrides;
 - sglang_flags(profile_flags, overrides): the profile's flags with the inventory's single-flag overrides
   (a value of None / null removes a flag);
 - sglang_argv(flags): the flags as sglang's command line, in the profile's order (`true` is a bare switch,
   `false` leaves it out, a list repeats values after one option).
 """
+import json
 import os
 import re
 
@@ -19,6 +21,43 @@ PATCH_REQUIRED = {'name': str, 'file': str, 'target': str, 'sha256': str, 'sha25
 SHA256 = re.compile(r'[0-9a-f]{64}')
 FLAG = re.compile(r'[a-z0-9][a-z0-9-]*')
 ENV = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
+PIN = re.compile(r'^([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)', re.M)
+# Beside each profile's lock: the disk each pinned wheel takes unpacked in uv's cache, in bytes (scripts/lock_profiles.py
+# --sizes-from measures them in a cache the lock was installed from). sglang_env's room check for the wheel cache adds
+# up the largest of them, as many as uv says it would download.
+WHEEL_SIZES = 'wheel-sizes.json'
+
+
+def lock_pins(text):
+    """The `name==version` pins of a hashed lock (uv pip compile's output), in its order."""
+    return ['{0}=={1}'.format(n, v) for n, v in PIN.findall(text)]
+
+
+def wheel_sizes_problems(where, profile_dir, lock):
+    """The profile's wheel-sizes.json must give a size (bytes, an integer > 0) for every pin of its lock."""
+    path = os.path.join(profile_dir, WHEEL_SIZES)
+    try:
+        with open(path) as fh:
+            sizes = json.load(fh).get('sizes')
+    except (OSError, ValueError, AttributeError) as exc:
+        return ['{0}: {1} cannot be read ({2}): scripts/lock_profiles.py --sizes-from <uv cache> {3} writes it'.format(
+            where, WHEEL_SIZES, str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            os.path.basename(profile_dir))]
+    if not isinstance(sizes, dict):
+        return ['{0}: {1} has no "sizes" mapping'.format(where, WHEEL_SIZES)]
+    with open(os.path.join(profile_dir, lock)) as fh:
+        pins = lock_pins(fh.read())
+    missing = [p for p in pins if p not in sizes]
+    bad = sorted(k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0)
+    out = []
+    if missing:
+        out.append('{0}: {1} has no size for {2} of its lock ({3}{4}): the lock changed since it was measured; '
+                   'scripts/lock_profiles.py --sizes-from <uv cache> {5} measures them again'.format(
+                       where, WHEEL_SIZES, len(missing), ', '.join(missing[:3]), ', ...' if len(missing) > 3 else '',
+                       os.path.basename(profile_dir)))
+    if bad:
+        out.append('{0}: {1}: sizes are bytes, integers above 0; not {2}'.format(where, WHEEL_SIZES, ', '.join(bad[:3])))
+    return out
 
 
 def _scalar(value):
@@ -73,6 +112,8 @@ def sglang_profile_problems(profile, name, profile_dir, patch_overrides=None):
         out.append('{0}: requirements must pin sglang=={1}'.format(where, profile['sglang']))
     if not os.path.isfile(os.path.join(profile_dir, profile['lock'])):
         out.append('{0}: lock {1} not found (scripts/lock_profiles.py writes it)'.format(where, profile['lock']))
+    else:
+        out.extend(wheel_sizes_problems(where, profile_dir, profile['lock']))
     names = []
     for i, patch in enumerate(profile['patches']):
         pwhere = '{0}: patches[{1}]'.format(where, i)
