@@ -12,7 +12,8 @@ resolved as of a fixed date must come out the same every time). Needs uv (requir
 
 --sizes-from writes each profile's wheel-sizes.json instead: the disk every pin of its lock takes unpacked in the
 given uv cache (the folder UV_CACHE_DIR names), which must hold them all: install the lock from it first (the lab's
-is /srv/glm5-lab/sglang-cache/uv once `make test` ran). sglang_env checks the wheel cache's room against them.
+is /srv/glm5-lab/sglang-cache/uv once `make test` ran). Every named profile is measured before any file is written:
+a cache that lacks one profile's pins writes nothing. sglang_env checks the wheel cache's room against them.
 """
 import argparse
 import json
@@ -26,7 +27,7 @@ import yaml
 from packaging.utils import canonicalize_name, canonicalize_version
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'ansible', 'filter_plugins'))
-from sglang_profiles import WHEEL_SIZES, lock_pins  # noqa: E402  (the roles' own reading of a lock)
+from sglang_profiles import WHEEL_SIZES, first_few, lock_pins  # noqa: E402  (the roles' own reading of a lock)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = os.path.join(ROOT, 'roles', 'sglang_env', 'profiles')
@@ -95,25 +96,28 @@ def cache_sizes(cache):
     return out
 
 
-def write_sizes(profile, lock, measured, path):
+def measure_sizes(profile, lock, measured):
+    """The wheel-sizes.json document of profile from the cache's measured sizes; refused unless every pin is there."""
     with open(lock) as fh:
         pins = lock_pins(fh.read())
     sizes = {pin: measured.get(_key(*pin.split('==', 1))) for pin in pins}
     missing = [pin for pin, size in sizes.items() if size is None]
     if missing:
-        raise SystemExit('lock_profiles: {0}: {1} of its {2} pins are not in the cache ({3}{4}): install its lock from '
-                         'that cache first'.format(profile['name'], len(missing), len(pins), ', '.join(missing[:3]),
-                                                   ', ...' if len(missing) > 3 else ''))
-    doc = {'about': 'Disk (bytes) each pin of {0} takes unpacked in uv\'s wheel cache: written by '
-                    'scripts/lock_profiles.py --sizes-from; roles/sglang_env checks the cache\'s room against them.'
-                    .format(profile['lock']),
-           'total_gib': round(sum(sizes.values()) / 2 ** 30, 2), 'sizes': sizes}
+        raise SystemExit('lock_profiles: {0}: {1} of its {2} pins are not in the cache ({3}): install its lock from '
+                         'that cache first; no sizes written'.format(profile['name'], len(missing), len(pins),
+                                                                     first_few(missing)))
+    return {'about': 'Disk (bytes) each pin of {0} takes unpacked in uv\'s wheel cache: written by '
+                     'scripts/lock_profiles.py --sizes-from; roles/sglang_env checks the cache\'s room against them.'
+                     .format(profile['lock']),
+            'total_gib': round(sum(sizes.values()) / 2 ** 30, 2), 'sizes': sizes}
+
+
+def write_json(path, doc):
     new = path + '.new'
     with open(new, 'w') as fh:
         json.dump(doc, fh, indent=1, sort_keys=False)
         fh.write('\n')
     os.replace(new, path)
-    return doc
 
 
 def main(argv=None):
@@ -143,9 +147,12 @@ def main(argv=None):
         if args.check:
             raise SystemExit('lock_profiles: --sizes-from writes; it has no --check')
         measured = cache_sizes(args.sizes_from)
-        for name, profile in profiles.items():
+        # every profile measured before any is written: a cache that lacks one profile's pins changes no file
+        docs = {name: measure_sizes(profile, os.path.join(PROFILES, name, profile['lock']), measured)
+                for name, profile in profiles.items()}
+        for name, doc in docs.items():
             path = os.path.join(PROFILES, name, WHEEL_SIZES)
-            doc = write_sizes(profile, os.path.join(PROFILES, name, profile['lock']), measured, path)
+            write_json(path, doc)
             print('{0}: wrote {1} ({2} pins, {3} GiB)'.format(name, os.path.relpath(path, ROOT), len(doc['sizes']),
                                                              doc['total_gib']))
         return 0

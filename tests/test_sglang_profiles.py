@@ -122,6 +122,35 @@ def test_sizes_are_measured_only_from_a_cache_that_holds_the_whole_lock(tmp_path
     assert open(os.path.join(PROFILES, 'current', 'wheel-sizes.json')).read() == before
 
 
+
+def test_sizes_of_several_profiles_are_all_measured_before_any_is_written(tmp_path):
+    """A cache that holds one profile's whole lock but not the next one's changes neither file: the first profile is
+    not written with the sizes of a cache that cannot measure the second (every profile measured, then written)."""
+    files = {name: os.path.join(PROFILES, name, 'wheel-sizes.json') for name in NAMES}
+    before = {name: open(path).read() for name, path in files.items()}
+    pins = {name: sglang_filters.lock_pins(open(os.path.join(PROFILES, name, 'requirements.lock')).read())
+            for name in NAMES}
+    first, second = NAMES
+    lacking = [pin for pin in pins[second] if pin not in pins[first]]
+    assert lacking, 'the two profiles lock the same pins: this test needs a pin the second alone has'
+    for i, pin in enumerate(pins[first]):
+        info = tmp_path / 'archive-v0' / 'w{0}'.format(i) / '{0}.dist-info'.format(pin.replace('==', '-'))
+        info.mkdir(parents=True)
+        (info / 'RECORD').write_text('x' * 100)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'lock_profiles.py'), '--sizes-from',
+                        str(tmp_path), first, second], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and '{0}: {1} of its {2} pins are not in the cache ({3}'.format(
+        second, len(lacking), len(pins[second]), lacking[0]) in r.stderr, r.stderr
+    assert 'no sizes written' in r.stderr and 'wrote' not in r.stdout, (r.stdout, r.stderr)
+    assert {name: open(path).read() for name, path in files.items()} == before
+
+
+def test_first_few_names_three_and_says_there_are_more():
+    assert sglang_filters.first_few(['a', 'b', 'c']) == 'a, b, c'
+    assert sglang_filters.first_few(['a', 'b', 'c', 'd']) == 'a, b, c, ...'
+    assert sglang_filters.first_few([]) == ''
+
+
 def test_flags_overrides_and_argv():
     flags = sglang_filters.sglang_flags({'tp': 8, 'disable-radix-cache': True, 'x': 1},
                                         {'x': None, 'tp': 4, 'enable-metrics': True, 'disable-radix-cache': False})

@@ -33,6 +33,12 @@ def lock_pins(text):
     return ['{0}=={1}'.format(n, v) for n, v in PIN.findall(text)]
 
 
+def first_few(items, n=3):
+    """The first n of items, joined, with ', ...' where there are more (a long list named in one line)."""
+    items = list(items)
+    return ', '.join(items[:n]) + (', ...' if len(items) > n else '')
+
+
 def wheel_sizes_problems(where, profile_dir, lock):
     """The profile's wheel-sizes.json must give a size (bytes, an integer > 0) for every pin of its lock."""
     path = os.path.join(profile_dir, WHEEL_SIZES)
@@ -51,12 +57,11 @@ def wheel_sizes_problems(where, profile_dir, lock):
     bad = sorted(k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0)
     out = []
     if missing:
-        out.append('{0}: {1} has no size for {2} of its lock ({3}{4}): the lock changed since it was measured; '
-                   'scripts/lock_profiles.py --sizes-from <uv cache> {5} measures them again'.format(
-                       where, WHEEL_SIZES, len(missing), ', '.join(missing[:3]), ', ...' if len(missing) > 3 else '',
-                       os.path.basename(profile_dir)))
+        out.append('{0}: {1} has no size for {2} of its lock ({3}): the lock changed since it was measured; '
+                   'scripts/lock_profiles.py --sizes-from <uv cache> {4} measures them again'.format(
+                       where, WHEEL_SIZES, len(missing), first_few(missing), os.path.basename(profile_dir)))
     if bad:
-        out.append('{0}: {1}: sizes are bytes, integers above 0; not {2}'.format(where, WHEEL_SIZES, ', '.join(bad[:3])))
+        out.append('{0}: {1}: sizes are bytes, integers above 0; not {2}'.format(where, WHEEL_SIZES, first_few(bad)))
     return out
 
 
