@@ -77,6 +77,43 @@ def test_every_entry_point_is_included_by_its_name_so_ansible_checks_its_argumen
                 role, point, ', '.join(wrong))
 
 
+
+CONDITIONALS = ('when', 'failed_when', 'changed_when', 'until', 'that')
+
+
+def conditionals():
+    """(file, task name, key, value) of every conditional of every task: when, failed_when, changed_when, until, and
+    an assert's that (each item of a list)."""
+    found = []
+
+    def walk(node, path, task):
+        if isinstance(node, dict):
+            task = node.get('name', task)
+            for key, value in node.items():
+                if key in CONDITIONALS and (key != 'that' or task is not None):
+                    for item in value if isinstance(value, list) else [value]:
+                        found.append((path, task, key, item))
+                walk(value, path, task)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path, task)
+    for pattern in ('*.yml', 'roles/*/tasks/*.yml', 'roles/*/handlers/*.yml', 'ansible/playbooks/*.yml',
+                    'molecule/*/*.yml', 'molecule/*/tasks/*.yml'):
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            walk(load(os.path.relpath(path, ROOT)), os.path.relpath(path, ROOT), None)
+    return found
+
+
+def test_every_conditional_is_a_string_as_yaml_reads_it():
+    """A condition written as a plain YAML scalar with ': ' in it (search(': entry 1')) is a mapping, not a string:
+    Ansible fails it only when the task runs ("Conditional expressions must be strings"), in a verify minutes in
+    (found 2026-12-07 in molecule/sglang_gateway's verify). Every condition here is a string or a boolean."""
+    found = conditionals()
+    assert len(found) > 500, 'the walk found {0} conditions: it is broken'.format(len(found))
+    bad = ['{0}: {1!r}: {2}: {3!r}'.format(f, t, k, v) for f, t, k, v in found if not isinstance(v, (str, bool))]
+    assert not bad, '\n'.join(bad)
+
+
 def inventory(name, *extra):
     out = subprocess.run([os.path.join(BIN, 'ansible-inventory'), '-i', os.path.join(ROOT, 'inventories', name),
                           '--list', *extra], capture_output=True, text=True, cwd=ROOT, check=True)
