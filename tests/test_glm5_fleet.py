@@ -204,6 +204,32 @@ def test_status_says_the_gateways_front_door_is_down_and_names_a_running_hand_of
     assert st['problems'] == [] and '  front door  haproxy active (running)\n' in fleet.gateway_text(st) + '\n'
 
 
+
+@pytest.mark.parametrize('text, words', [
+    ('[{"node": "n1"},]', 'is not JSON (Expecting value'),
+    ('{"n1": "drained"}', 'is not a list of drained nodes ({"node": NAME, ...} each): a JSON object; mend it'),
+    ('["n1"]', 'is not a list of drained nodes ({"node": NAME, ...} each): entry 1 ("n1")'),
+])
+def test_a_drained_file_edited_by_hand_is_read_and_refused_as_a_deploy_refuses_it(tmp_path, text, words):
+    """glm5 reads the gateway's drained file as site.yml does (the sglang_drained_text filter): what a deploy stops
+    on, status and fleet report, and drain/undrain change nothing in it, each one line."""
+    path = tmp_path / 'gw.drained.json'
+    path.write_text(text)
+    gw = fleet.Gateway('gw', {'url': 'http://127.0.0.1:9', 'drained_file': str(path)},
+                       Local(types.SimpleNamespace(name='gw')), [])
+    with pytest.raises(OpsError) as e:
+        gw.drained()
+    assert str(e.value).startswith('{0} on gw '.format(path)) and words in str(e.value), str(e.value)
+    for op in ('add', 'remove'):
+        with pytest.raises(OpsError) as e:
+            gw.mark(op, 'n1', {'node': 'n1'})
+        assert str(e.value).startswith('gw: cannot {0} n1 in {1}: {1} is not'.format(op, path)), str(e.value)
+        assert 'mend it, or remove it' in str(e.value) and 'Error' not in str(e.value), str(e.value)
+    assert path.read_text() == text
+    path.write_text('[{"node": "n1", "worker": "http://127.0.0.1:30000"}]')
+    assert gw.drained() == [{'node': 'n1', 'worker': 'http://127.0.0.1:30000'}]
+
+
 # ---- against a real gateway of its own (smg in front of two engine emulators on this machine)
 
 ADMIN = 'adm1nK3y-' + os.urandom(12).hex()

@@ -2,6 +2,7 @@
 refused with one line naming what is wrong (sglang_fleet filters); the gateway's launch line checked by the real
 gateway's own parser (the sglang_gateway_args module, smg from PyPI); the gateway's start leaving the drained nodes
 out (files/gateway-launch.py)."""
+import base64
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import sglang_gateway_args
 import siterun
 from sglang_fleet import (
+    sglang_drained,
     sglang_fleet_problems,
     sglang_fleet_workers,
     sglang_in_flight,
@@ -444,3 +446,38 @@ def test_a_node_at_an_ipv6_address_is_a_worker_url_with_brackets():
            'b': {'ansible_host': '[fd00::12]', 'sglang_service_host': '::'}}
     assert [w['url'] for w in workers(['a', 'b'], **six)] == ['http://[fd00::11]:30000', 'http://[fd00::12]:30000']
     assert problems(['a', 'b'], **six) == []
+
+
+DRAINED = '/etc/glm5/glm5-gw.drained.json'
+
+
+def slurped(text):
+    return {'content': base64.b64encode(text.encode()).decode(), 'encoding': 'base64'}
+
+
+@pytest.mark.parametrize('result, entries', [
+    ({'failed': True, 'msg': 'file not found: ' + DRAINED}, []),    # no drain yet
+    (slurped(''), []),
+    (slurped('[]\n'), []),
+    (slurped('[{"node": "n1", "worker": "http://10.0.0.1:30000", "since": "t", "by": "op"}]\n'),
+     [{'node': 'n1', 'worker': 'http://10.0.0.1:30000', 'since': 't', 'by': 'op'}]),
+])
+def test_the_drained_file_is_read_as_glm5_drain_writes_it(result, entries):
+    assert sglang_drained(result, DRAINED, 'glm5-gw') == {'entries': entries, 'problem': ''}
+
+
+@pytest.mark.parametrize('result, words', [
+    (slurped('[{"node": "n1"},]'), 'is not JSON (Expecting value: line 1'),
+    (slurped('42'), 'is not a list of drained nodes ({"node": NAME, ...} each): a JSON number'),
+    ({'content': base64.b64encode(b'[\xff]').decode()}, "is not JSON ('utf-8' codec can't decode byte 0xff"),
+    (slurped('{"n1": "drained"}'), 'is not a list of drained nodes ({"node": NAME, ...} each): a JSON object'),
+    (slurped('[{"node": "n1"}, "n2"]'), ': entry 2 ("n2")'),
+    (slurped('[{"worker": "http://10.0.0.1:30000"}]'), ': entry 1 ({"worker": "http://10.0.0.1:30000"})'),
+    (slurped('[{"node": ""}]'), ': entry 1 ({"node": ""})'),
+    ({'failed': True, 'msg': 'Permission denied'}, 'cannot be read (Permission denied)'),
+    ({}, 'cannot be read (no answer)'),
+])
+def test_a_drained_file_edited_into_something_else_is_a_problem_not_none_drained(result, words):
+    out = sglang_drained(result, DRAINED, 'glm5-gw')
+    assert out['entries'] == [] and out['problem'].startswith(DRAINED + ' on glm5-gw '), out
+    assert words in out['problem'], out['problem']

@@ -1,5 +1,7 @@
 """The fleet behind SGLang's model gateway: each node's worker URL and key, and what is wrong with the fleet's
 settings (checked before anything changes, each problem one line)."""
+import base64
+import json
 from urllib.parse import urlsplit
 
 LOOPBACK = ('127.', 'localhost', '::1')
@@ -182,8 +184,49 @@ def sglang_in_flight(loads):
                for rank in loads or [] if isinstance(rank, dict))
 
 
+
+def sglang_drained_text(text, path, gateway):
+    """The gateway's drained file (glm5 drain writes it: a JSON list of {node, worker, since, by}) from its text ->
+    {'entries': [...], 'problem': ''} or, where it cannot be trusted, {'entries': [], 'problem': one line}. Empty: none
+    drained. A file edited by hand into something else is a problem, not "none drained": a deploy would put back a
+    node an operator took out, or stop half-way on it. glm5 reads it so too."""
+    where = '{0} on {1}'.format(path, gateway)
+    try:
+        items = json.loads(text or '[]')
+    except ValueError as exc:
+        return {'entries': [], 'problem': '{0} is not JSON ({1}): mend it, or remove it (every node is then taken as '
+                                          'not drained)'.format(where, str(exc).splitlines()[0])}
+    if not isinstance(items, list):
+        bad = 'a JSON {0}'.format({dict: 'object', str: 'string', bool: 'true or false', type(None): 'null'}.get(
+            type(items), 'number'))
+    else:
+        bad = next(('entry {0} ({1})'.format(i + 1, json.dumps(x)[:60]) for i, x in enumerate(items)
+                    if not isinstance(x, dict) or not isinstance(x.get('node'), str) or not x.get('node')), None)
+    if bad:
+        return {'entries': [], 'problem': '{0} is not a list of drained nodes ({{"node": NAME, ...}} each): {1}; mend '
+                                          'it, or remove it (every node is then taken as not drained)'.format(where, bad)}
+    return {'entries': items, 'problem': ''}
+
+
+def sglang_drained(slurped, path, gateway):
+    """sglang_drained_text of a slurp of the drained file (a missing file: none drained)."""
+    slurped = slurped if isinstance(slurped, dict) else {}
+    if 'content' not in slurped:
+        msg = str(slurped.get('msg') or '')
+        if 'not found' in msg.lower() or 'no such file' in msg.lower():
+            return {'entries': [], 'problem': ''}
+        return {'entries': [], 'problem': '{0} on {1} cannot be read ({2})'.format(path, gateway, msg or 'no answer')}
+    try:
+        text = base64.b64decode(slurped['content']).decode('utf-8')
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {'entries': [], 'problem': '{0} on {1} is not JSON ({2}): mend it, or remove it (every node is then '
+                                          'taken as not drained)'.format(path, gateway, str(exc).splitlines()[0])}
+    return sglang_drained_text(text, path, gateway)
+
 class FilterModule(object):
     def filters(self):
         return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
                 'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight,
-                'sglang_leave_problem': sglang_leave_problem, 'glm5_url_host': _host}
+                'sglang_leave_problem': sglang_leave_problem, 'sglang_drained': sglang_drained,
+                'sglang_drained_text': sglang_drained_text,
+                'glm5_url_host': _host}

@@ -70,8 +70,13 @@ try:
         items = json.load(fh)
 except FileNotFoundError:
     items = []
+except ValueError as exc:
+    sys.exit(path + ' is not JSON (' + str(exc) + '): mend it, or remove it')
 if not isinstance(items, list):
-    sys.exit(path + ' is not a JSON list')
+    sys.exit(path + ' is not a JSON list: mend it, or remove it')
+bad = [i + 1 for i, x in enumerate(items) if not isinstance(x, dict) or not isinstance(x.get('node'), str) or not x['node']]
+if bad:
+    sys.exit(path + ' is not a list of drained nodes (entry %d): mend it, or remove it' % bad[0])
 mine = [x for x in items if isinstance(x, dict) and x.get('node') == node]
 new = items if op == 'add' and mine else [x for x in items if x not in mine]
 if op == 'add' and not mine:
@@ -248,13 +253,11 @@ class Gateway(object):
             if 'No such file' in r.stderr:
                 return []
             raise OpsError('{0}: cannot read {1}: {2}'.format(self.name, path, r.stderr.strip()))
-        try:
-            items = json.loads(r.stdout or '[]')
-        except ValueError:
-            items = None
-        if not isinstance(items, list):
-            raise OpsError('{0}: {1} is not a JSON list: mend or remove it'.format(self.name, path))
-        return items
+        # read as a deploy reads it (the sglang_drained_text filter): anything but a list of drained nodes is a problem
+        out = filter_plugin('sglang_drained_text')(r.stdout, path, self.name)
+        if out['problem']:
+            raise OpsError(out['problem'])
+        return out['entries']
 
     def mark(self, op, node, entry=None):
         """add (entry) or remove node in the drained file -> the node's entry before, or None."""
