@@ -184,7 +184,6 @@ def sglang_in_flight(loads):
                for rank in loads or [] if isinstance(rank, dict))
 
 
-
 def sglang_drained_text(text, path, gateway):
     """The gateway's drained file (glm5 drain writes it: a JSON list of {node, worker, since, by}) from its text ->
     {'entries': [...], 'problem': ''} or, where it cannot be trusted, {'entries': [], 'problem': one line}. Empty: none
@@ -223,10 +222,10 @@ def sglang_drained(slurped, path, gateway):
                                           'taken as not drained)'.format(path, gateway, str(exc).splitlines()[0])}
     return sglang_drained_text(text, path, gateway)
 
+
 class FilterModule(object):
     def filters(self):
         return {'sglang_fleet_workers': sglang_fleet_workers, 'sglang_fleet_problems': sglang_fleet_problems,
                 'sglang_serving_workers': sglang_serving_workers, 'sglang_in_flight': sglang_in_flight,
                 'sglang_leave_problem': sglang_leave_problem, 'sglang_drained': sglang_drained,
-                'sglang_drained_text': sglang_drained_text,
-                'glm5_url_host': _host}
+                'sglang_drained_text': sglang_drained_text, 'glm5_url_host': _host}
