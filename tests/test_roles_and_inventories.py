@@ -39,6 +39,18 @@ def test_every_default_sits_under_a_comment(role):
             assert lines[0].startswith('#'), 'undocumented defaults in {0}: {1}'.format(role, lines[0])
 
 
+# Every file of tasks or plays: the project's plays, its roles' tasks and handlers, the scenarios' plays and tasks.
+TASK_FILES = ('*.yml', 'roles/*/tasks/*.yml', 'roles/*/handlers/*.yml', 'ansible/playbooks/*.yml', 'molecule/*/*.yml',
+              'molecule/*/tasks/*.yml')
+
+
+def task_files():
+    """(path relative to the project, its YAML) of every file of TASK_FILES."""
+    for pattern in TASK_FILES:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            yield os.path.relpath(path, ROOT), load(os.path.relpath(path, ROOT))
+
+
 def role_includes():
     """(file, role, tasks_from) of every include_role and import_role that names a tasks file, in the project's plays,
     roles and scenarios."""
@@ -54,9 +66,8 @@ def role_includes():
         elif isinstance(node, list):
             for item in node:
                 walk(item, path)
-    for pattern in ('*.yml', 'roles/*/tasks/*.yml', 'ansible/playbooks/*.yml', 'molecule/*/*.yml'):
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
-            walk(load(os.path.relpath(path, ROOT)), os.path.relpath(path, ROOT))
+    for path, doc in task_files():
+        walk(doc, path)
     return found
 
 
@@ -97,10 +108,8 @@ def conditionals():
         elif isinstance(node, list):
             for item in node:
                 walk(item, path, task)
-    for pattern in ('*.yml', 'roles/*/tasks/*.yml', 'roles/*/handlers/*.yml', 'ansible/playbooks/*.yml',
-                    'molecule/*/*.yml', 'molecule/*/tasks/*.yml'):
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
-            walk(load(os.path.relpath(path, ROOT)), os.path.relpath(path, ROOT), None)
+    for path, doc in task_files():
+        walk(doc, path, None)
     return found
 
 

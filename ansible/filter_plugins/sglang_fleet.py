@@ -184,6 +184,11 @@ def sglang_in_flight(loads):
                for rank in loads or [] if isinstance(rank, dict))
 
 
+def _not_json(where, exc):
+    return {'entries': [], 'problem': '{0} is not JSON ({1}): mend it, or remove it (every node is then taken as not '
+                                      'drained)'.format(where, str(exc).splitlines()[0])}
+
+
 def sglang_drained_text(text, path, gateway):
     """The gateway's drained file (glm5 drain writes it: a JSON list of {node, worker, since, by}) from its text ->
     {'entries': [...], 'problem': ''} or, where it cannot be trusted, {'entries': [], 'problem': one line}. Empty: none
@@ -193,8 +198,7 @@ def sglang_drained_text(text, path, gateway):
     try:
         items = json.loads(text or '[]')
     except ValueError as exc:
-        return {'entries': [], 'problem': '{0} is not JSON ({1}): mend it, or remove it (every node is then taken as '
-                                          'not drained)'.format(where, str(exc).splitlines()[0])}
+        return _not_json(where, exc)
     if not isinstance(items, list):
         bad = 'a JSON {0}'.format({dict: 'object', str: 'string', bool: 'true or false', type(None): 'null'}.get(
             type(items), 'number'))
@@ -218,8 +222,7 @@ def sglang_drained(slurped, path, gateway):
     try:
         text = base64.b64decode(slurped['content']).decode('utf-8')
     except (ValueError, UnicodeDecodeError) as exc:
-        return {'entries': [], 'problem': '{0} on {1} is not JSON ({2}): mend it, or remove it (every node is then '
-                                          'taken as not drained)'.format(path, gateway, str(exc).splitlines()[0])}
+        return _not_json('{0} on {1}'.format(path, gateway), exc)
     return sglang_drained_text(text, path, gateway)
 
 
