@@ -10,7 +10,10 @@ Prometheus' checks, the secrets audit and the key change's last step run after t
 import json
 import os
 import re
+import shlex
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -41,6 +44,7 @@ NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
 MONITOR, MONITOR_VARS = stack_monitor()
 MONITOR_ADDRESS = MONITOR_VARS['ansible_host']
+GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
 
 
 def hv(host):
@@ -195,6 +199,41 @@ def test_check_mode_tells_what_would_roll_in_order_and_changes_nothing(fleet, tm
     assert len(said) >= len(NODES), run
     assert {n: unit_state(fleet, n) for n in NODES} == before
     assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
+
+
+def test_a_rollout_refused_the_first_nodes_lock_leaves_it_in_the_gateway_and_glm5_undrain_is_refused_too(fleet):
+    """A deploy that must restart the first node while another run drives its engine (glm5 bench, a second operator)
+    is refused before the node leaves the gateway: it used to leave first, wait for the lock, and stop with the node
+    out of the gateway, saying "Nothing was changed". glm5 undrain is refused under that lock too (a deploy holds it
+    while it has the node out for its restart). What must restart: the environment file, touched after the engine
+    started (its text as it was: the tests after this one find the configuration they expect)."""
+    first = NODES[0]
+    c = fleet['nodes'][first]
+    before = unit_state(fleet, first)
+    ssh(first, 'touch', c['env_file'])
+    held = node_ssh(hv(first), 'systemd-run', '--unit=' + c['lock_unit'], '--collect',
+                    shlex.quote('--description=a test holds the engine'), 'sleep', '600', timeout=60)
+    assert held.returncode == 0, held.stderr
+    try:
+        run, load, w, took = rollout(fleet, dict(ROLLOUT_SMOKE, sglang_service_lock_wait=6),
+                                     '--limit', '{0},gateways'.format(first))
+        undrain = subprocess.run([GLM5, '-i', fleet['inventory'], 'undrain', first], capture_output=True, text=True,
+                                 timeout=300, stdin=subprocess.DEVNULL)
+    finally:
+        ssh(first, 'systemctl', 'stop', c['lock_unit'])
+    assert run.rc != 0, run
+    assert '{0}: another run drives the engine: {1} is held by "a test holds the engine"'.format(
+        first, c['lock_unit']) in run.out, run
+    assert 'Member | out of each gateway' not in run.out, 'the node left its gateway before the lock was taken'
+    assert unit_state(fleet, first)[:2] == before[:2], 'the engine was restarted under the lock'
+    # both nodes healthy in the gateway throughout, and no request failed
+    assert all(isinstance(h, set) and h == set(fleet['worker'].values()) for _, h in w.samples), w.samples
+    assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
+    assert undrain.returncode == 1 and 'Traceback' not in undrain.stderr, (undrain.stdout, undrain.stderr)
+    assert undrain.stderr.strip().splitlines()[-1] == (
+        'glm5: {0}: another run drives the engine: {1} is held by "a test holds the engine"; try again when it is done '
+        '(if that run is gone: systemctl stop {1} in the container)'.format(first, c['lock_unit'])), undrain.stderr
+    print('lock-refused rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))
 
 
 def test_a_change_the_first_node_fails_stops_the_rollout_there_and_the_other_node_serves(fleet):

@@ -417,6 +417,31 @@ def test_a_restart_leaves_and_rejoins_unrecorded_and_an_operators_drain_stays(la
         assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
 
 
+@pytest.mark.sglang
+def test_an_operators_drain_while_a_restart_puts_the_node_back_is_kept(lab):
+    """glm5 drain in the moment between glm5 restart's reading of the drained file and its adding the node back: the
+    mark is written, the node is not in the gateway yet, so the drain takes nothing out. The put-back reads the file
+    again once the node is in, and takes it out again (as the deploy's join does: drained_meanwhile.yml)."""
+    said = []
+    assert fleet.drain([lab.gw], lab.node['n2'], 60, said.append, interval=0.3, record=False)['drained']
+    entry = {'node': 'n2', 'worker': lab.engines[1].url, 'since': '2026-12-07T10:00:00Z', 'by': 'ops@test'}
+
+    def say(text):              # the operator's drain marks the node as soon as the restart has added it
+        said.append(text)
+        if text.startswith('n2: added to gw'):
+            assert lab.gw.mark('add', 'n2', entry) is None
+    try:
+        said.clear()
+        res = fleet.undrain([lab.gw], lab.node['n2'], 60, say, record=False)
+        assert said[-1] == ('n2: drained by ops@test since 2026-12-07T10:00:00Z while it was put back into gw: out of '
+                            'it again (glm5 undrain n2 puts it back)'), said
+        assert res['gateways'][0]['kept_out'] and res['gateways'][0]['drained_before'] == entry
+        assert state(lab)[0]['n2'] == (False, None, True)          # out, and marked drained
+    finally:
+        assert fleet.undrain([lab.gw], lab.node['n2'], 60, lambda text: None)['healthy']
+    assert state(lab)[0]['n2'] == (True, True, False)
+
+
 @contextlib.contextmanager
 def ctrl_c_kept():
     """A KeyboardInterrupt that escapes glm5 (the operator's traceback) would end pytest's whole session: it fails the
@@ -619,6 +644,12 @@ def test_the_commands_show_no_key_and_put_none_on_a_command_line(lab, tmp_path, 
     monkeypatch.setattr(fleet, 'connect', lambda hv: Recorder(hv.name))
     monkeypatch.setattr(commands.Node, 'ssh', property(lambda self: Recorder(self.name)))
     monkeypatch.setattr(commands, 'node_status', lambda n: {'node': n.name, 'problems': []})
+    # the engine's lock (a transient systemd unit; none on this machine): taken by undrain alone, and let go
+    locks = []
+    monkeypatch.setattr(commands.Node, 'lock', lambda self, what: locks.append((self.name, what)) or setattr(
+        self, '_locked', 'glm5-sglang-lock'))
+    monkeypatch.setattr(commands.Node, 'unlock', lambda self: locks.append((self.name, 'let go', self._locked))
+                        if getattr(self, '_locked', None) else None)
     Recorder.lines.clear()
     outputs = []
     for argv, code in ((['fleet'], 0), (['status'], 1), (['drain', 'n2'], 0), (['fleet'], 0), (['undrain', 'n2'], 0),
@@ -635,6 +666,7 @@ def test_the_commands_show_no_key_and_put_none_on_a_command_line(lab, tmp_path, 
     for text in outputs + Recorder.lines:
         assert ADMIN not in text and FLEET not in text
     assert Recorder.lines and any('/workers' in x for x in Recorder.lines)
+    assert locks == [('n2', 'glm5 undrain'), ('n2', 'let go', 'glm5-sglang-lock')]
 
 
 @pytest.mark.sglang

@@ -76,14 +76,18 @@ def _gateway_timeout(args, gws, var):
     return args.timeout or max(g.hv.number(var) for g in gws)
 
 
-def _membership(args, inv, what, timeout_var, act, done_key, error):
+def _membership(args, inv, what, timeout_var, act, done_key, error, lock=False):
     """glm5 drain / undrain: act(gateways, node, timeout, say) on the node behind its gateways, then the result as
-    --json asks, exit 1 with error(result, node, timeout) unless result[done_key]."""
+    --json asks, exit 1 with error(result, node, timeout) unless result[done_key]. lock: under the engine's lock
+    (refused, naming its holder, while another run drives the engine)."""
     node, gws, say = _fleet_node(args, inv, what)
     timeout = _gateway_timeout(args, gws, timeout_var)
     try:
+        if lock:
+            node.lock('glm5 ' + what)
         res = act(gws, node, timeout, say)
     finally:
+        node.unlock()
         node.close()
         for gw in gws:
             gw.close()
@@ -100,7 +104,11 @@ def cmd_drain(args, inv):
 
 
 def cmd_undrain(args, inv):
-    return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', fleet.undrain, 'healthy', fleet.undrain_error)
+    # Under the engine's lock: a deploy holds it from the node's leave through its restart, and its smoke test holds it
+    # too - a node a deploy has out is not put back under it (the deploy puts it back itself once its test passed).
+    # A drain takes no lock: taking a node out may not wait; a deploy that rejoins it reads the drained file again.
+    return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', fleet.undrain, 'healthy', fleet.undrain_error,
+                       lock=True)
 
 
 def cmd_gpus(args, inv):

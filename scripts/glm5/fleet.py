@@ -617,7 +617,28 @@ def _undrain(gws, node, timeout, say, interval, record):
     res['waited_s'], res['state'] = round(time.monotonic() - t0, 1), state
     if res['healthy']:
         say('{0}: healthy in {1} after {2} s'.format(node.name, ', '.join(state), res['waited_s']))
+    if not record:
+        _drained_meanwhile(gws, node, res, say)
     return res
+
+
+def _drained_meanwhile(gws, node, res, say):
+    """glm5 restart's put-back (unrecorded), the node now in gws: an operator's glm5 drain since the drained file was
+    read found it not in yet and took nothing out - out again, as the deploy's join does (drained_meanwhile.yml)."""
+    for gw in gws:
+        kept = _operator_drained(gw, node.name)
+        if not kept:
+            continue
+        worker = gw.worker_url(node.name)
+        for w in listed(gw, worker):
+            gw.remove(w['id'])
+        gone = _wait(lambda gw=gw, worker=worker: not listed(gw, worker), GONE_TIMEOUT, 1)
+        say('{0}: drained by {1} since {2} while it was put back into {3}: {4} (glm5 undrain {0} puts it back)'.format(
+            node.name, kept.get('by'), kept.get('since'), gw.name, 'out of it again' if gone else
+            'taken out again, still listed {0} s after (glm5 drain {1} tries again)'.format(GONE_TIMEOUT, node.name)))
+        for g in res['gateways']:
+            if g['gateway'] == gw.name:
+                g.update(kept_out=True, drained_before=kept)
 
 
 def undrain_error(res, node, timeout):
