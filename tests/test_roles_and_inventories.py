@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -120,6 +121,69 @@ def test_every_conditional_is_a_string_as_yaml_reads_it():
     found = conditionals()
     assert len(found) > 500, 'the walk found {0} conditions: it is broken'.format(len(found))
     bad = ['{0}: {1!r}: {2}: {3!r}'.format(f, t, k, v) for f, t, k, v in found if not isinstance(v, (str, bool))]
+    assert not bad, '\n'.join(bad)
+
+
+def included_file(path, key, value):
+    """The task file an include or import in path names (relative to the project), or None (a templated name)."""
+    kind = str(key).split('.')[-1]
+    if kind in ('include_tasks', 'import_tasks'):
+        name = value if isinstance(value, str) else (value or {}).get('file', '')
+        target = os.path.normpath(os.path.join(os.path.dirname(path), name))
+    elif kind in ('include_role', 'import_role') and isinstance(value, dict):
+        name, tasks = str(value.get('name', '')), str(value.get('tasks_from', 'main'))
+        target = os.path.join('roles', name, 'tasks', tasks if tasks.endswith('.yml') else tasks + '.yml')
+    else:
+        return None
+    return None if '{{' in target else target
+
+
+def facts_set(tasks, path, seen):
+    """The names the tasks set (set_fact's keys, register) - their blocks' and the files they include or import too."""
+    out = set()
+    for task in tasks or []:
+        if not isinstance(task, dict):
+            continue
+        if 'register' in task:
+            out.add(task['register'])
+        for key, value in task.items():
+            if str(key).split('.')[-1] == 'set_fact' and isinstance(value, dict):
+                out |= set(value) - {'cacheable'}
+            target = included_file(path, key, value)
+            if target and target not in seen and os.path.exists(os.path.join(ROOT, target)):
+                seen.add(target)
+                out |= facts_set(load(target), target, seen)
+        for part in ('block', 'rescue', 'always'):
+            out |= facts_set(task.get(part), path, seen)
+    return out
+
+
+def test_no_block_asks_a_variable_its_own_tasks_set():
+    """A block's `when` is asked again at every task in it, the tasks of a file it includes too: a task after the one
+    that changes what it asks is skipped, silently. Found 2026-12-07: a join's second reading of the drained file,
+    included in the block that asks whether the first reading found the node drained - the removal after it never ran
+    (and gpu_container's read of the version installed, harmless there as its last task). Every block of every task
+    file asks nothing its tasks set."""
+    bad, blocks = [], 0
+
+    def walk(tasks, path):
+        nonlocal blocks
+        for task in tasks if isinstance(tasks, list) else []:
+            if not isinstance(task, dict):
+                continue
+            if 'block' in task and task.get('when') is not None:
+                blocks += 1
+                conditions = task['when'] if isinstance(task['when'], list) else [task['when']]
+                asked = set(re.findall(r'[A-Za-z_][A-Za-z0-9_]*', ' '.join(map(str, conditions))))
+                both = asked & facts_set(task['block'], path, set())
+                if both:
+                    bad.append('{0}: block {1!r} asks {2}, which its tasks set'.format(path, task.get('name'),
+                                                                                      ', '.join(sorted(both))))
+            for part in ('block', 'rescue', 'always', 'pre_tasks', 'tasks', 'post_tasks', 'handlers'):
+                walk(task.get(part), path)
+    for path, doc in task_files():
+        walk(doc, path)
+    assert blocks > 10, 'the walk found {0} blocks with a condition: it is broken'.format(blocks)
     assert not bad, '\n'.join(bad)
 
 
