@@ -10,10 +10,8 @@ Prometheus' checks, the secrets audit and the key change's last step run after t
 import json
 import os
 import re
-import shlex
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -36,6 +34,7 @@ from siterun import (
     site,
     stack_monitor,
 )
+from test_glm5_ops import GLM5, hold_lock
 
 pytestmark = pytest.mark.stack
 
@@ -44,7 +43,6 @@ NODES = [h for h, (group, _) in HOSTS.items() if group == 'inference_nodes']
 (GATEWAY,) = [h for h, (group, _) in HOSTS.items() if group == 'gateways']
 MONITOR, MONITOR_VARS = stack_monitor()
 MONITOR_ADDRESS = MONITOR_VARS['ansible_host']
-GLM5 = os.path.join(os.path.dirname(sys.executable), 'glm5')
 
 
 def hv(host):
@@ -211,9 +209,7 @@ def test_a_rollout_refused_the_first_nodes_lock_leaves_it_in_the_gateway_and_glm
     c = fleet['nodes'][first]
     before = unit_state(fleet, first)
     ssh(first, 'touch', c['env_file'])
-    held = node_ssh(hv(first), 'systemd-run', '--unit=' + c['lock_unit'], '--collect',
-                    shlex.quote('--description=a test holds the engine'), 'sleep', '600', timeout=60)
-    assert held.returncode == 0, held.stderr
+    hold_lock('a test holds the engine', hv(first), c['lock_unit'])
     try:
         run, load, w, took = rollout(fleet, dict(ROLLOUT_SMOKE, sglang_service_lock_wait=6),
                                      '--limit', '{0},gateways'.format(first))

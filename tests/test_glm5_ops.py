@@ -69,11 +69,13 @@ def ssh(*cmd, stdin=None, timeout=120):
 LOCK = CONTRACT['lock_unit']      # the engine's lock in the container (sglang_service's tasks/lock.yml)
 
 
-def hold_lock(description):
-    """Hold the engine's lock as another run would, with its description (who holds it)."""
-    held = ssh('systemd-run', '--unit=' + LOCK, '--collect', shlex.quote('--description=' + description), 'sleep', '600')
+def hold_lock(description, node=None, lock=LOCK):
+    """Hold the engine's lock as another run would, with its description (who holds it): this node's, or that of
+    another node (its hostvars) whose lock unit is lock."""
+    run = (lambda *cmd: node_ssh(node, *cmd)) if node else ssh
+    held = run('systemd-run', '--unit=' + lock, '--collect', shlex.quote('--description=' + description), 'sleep', '600')
     assert held.returncode == 0, held.stderr
-    assert ssh('systemctl', 'is-active', LOCK).stdout.strip() == 'active'
+    assert run('systemctl', 'is-active', lock).stdout.strip() == 'active'
 
 
 def history_runs():

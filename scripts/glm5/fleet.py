@@ -501,9 +501,7 @@ def _drain(gws, node, timeout, say, interval, record, marked, taken):
         before = gw.mark('add', node.name, dict(entry, worker=worker)) if record else _operator_drained(gw, node.name)
         ids = [w['id'] for w in listed(gw, worker)]
         taken.append(gw)                # out of it from here: taken out now, or not in it
-        for i in ids:
-            gw.remove(i)
-        if ids and not _wait(lambda gw=gw, worker=worker: not listed(gw, worker), GONE_TIMEOUT, 1):
+        if not _take_out(gw, worker, ids):
             raise OpsError('{0} still routes to {1} {2} s after its removal: {3} is marked drained there; glm5 drain '
                            '{3} tries again (journalctl -u {4} on {0})'.format(gw.name, worker, GONE_TIMEOUT, node.name,
                                                                                 gw.contract['service']))
@@ -622,6 +620,13 @@ def _undrain(gws, node, timeout, say, interval, record):
     return res
 
 
+def _take_out(gw, worker, ids):
+    """worker's ids (as gw lists them) removed from gw -> whether it is gone from gw's list within GONE_TIMEOUT s."""
+    for i in ids:
+        gw.remove(i)
+    return not ids or bool(_wait(lambda: not listed(gw, worker), GONE_TIMEOUT, 1))
+
+
 def _drained_meanwhile(gws, node, res, say):
     """glm5 restart's put-back (unrecorded), the node now in gws: an operator's glm5 drain since the drained file was
     read found it not in yet and took nothing out - out again, as the deploy's join does (drained_meanwhile.yml)."""
@@ -630,9 +635,7 @@ def _drained_meanwhile(gws, node, res, say):
         if not kept:
             continue
         worker = gw.worker_url(node.name)
-        for w in listed(gw, worker):
-            gw.remove(w['id'])
-        gone = _wait(lambda gw=gw, worker=worker: not listed(gw, worker), GONE_TIMEOUT, 1)
+        gone = _take_out(gw, worker, [w['id'] for w in listed(gw, worker)])
         say('{0}: drained by {1} since {2} while it was put back into {3}: {4} (glm5 undrain {0} puts it back)'.format(
             node.name, kept.get('by'), kept.get('since'), gw.name, 'out of it again' if gone else
             'taken out again, still listed {0} s after (glm5 drain {1} tries again)'.format(GONE_TIMEOUT, node.name)))
