@@ -125,6 +125,14 @@ def rollout(fleet, extra, *args):
     return run, load, w, took
 
 
+def lock_holds(fleet, node, since):
+    """Each start of the node's engine lock since a time (epoch seconds), as its container's journal tells it: one line
+    ("Started <unit> - <holder>.") a hold."""
+    out = ssh(node, 'journalctl', '-q', '-o', 'cat', '-u', fleet['nodes'][node]['lock_unit'],
+              '--since', '@{0:.0f}'.format(since))
+    return [line for line in out.splitlines() if line.startswith('Started ')]
+
+
 def out_of_gateway(w, url):
     return [t for t, healthy in w.samples if isinstance(healthy, set) and url not in healthy]
 
@@ -282,9 +290,11 @@ def test_a_flag_change_with_a_second_key_rolls_one_node_at_a_time_under_load_wit
     leaves it, restarts, is smoke-tested and rejoins, one at a time. The clients stay on the key throughout; after it
     the next key is served too (tests/test_secrets.py makes it the key, last in the lane). Run at -vvv, what an operator
     debugging a rollout turns on: no secret in its output (either key, the gateway's admin key, the PVE password): every
-    task that handles one is no_log."""
+    task that handles one is no_log. Each node's engine lock is held once, from its restart to its smoke test's end:
+    no moment between readiness and the test in which glm5 undrain could put the node back (it used to be let go at
+    readiness and taken again by the test)."""
     first, second = NODES
-    before, fleet_before = {n: unit_state(fleet, n) for n in NODES}, fleet_runs()
+    before, fleet_before, since = {n: unit_state(fleet, n) for n in NODES}, fleet_runs(), time.time() - 1
     change = dict(ROLLOUT_SMOKE, sglang_service_flag_overrides=FLAG_CHANGE, glm5_fleet_api_key_secondary=FLEET_NEXT_KEY)
     assert ask(fleet, FLEET_NEXT_KEY) == 401                  # not served before
     run, load, w, took = rollout(fleet, change, '--tags', 'gateway', '-vvv')
@@ -311,6 +321,10 @@ def test_a_flag_change_with_a_second_key_rolls_one_node_at_a_time_under_load_wit
     assert after[first][1] < after[second][1]
     assert Workers(fleet['url'], fleet['admin'], fleet['ca']).now() == set(fleet['worker'].values())
     assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors)
+    # one hold of each node's engine lock: the restart's, kept through the smoke test (not taken again by it)
+    for n in NODES:
+        holds = lock_holds(fleet, n, since)
+        assert len(holds) == 1 and 'deploy (sglang_service, then its smoke test) from ' in holds[0], (n, holds)
     # the gateway's second smg served during the hand-off, and Prometheus scraped it then (its own job); now it is down
     assert prometheus('max_over_time(up{{job="glm5-gateway-handoff"}}[{0}s])'.format(round(took) + 120)) == 1
     assert prometheus('up{job="glm5-gateway-handoff"}') == 0

@@ -104,8 +104,9 @@ def cmd_drain(args, inv):
 
 
 def cmd_undrain(args, inv):
-    # Under the engine's lock: a deploy holds it from the node's leave to its readiness, and its smoke test holds it
-    # too - a node a deploy has out is not put back under it (the deploy puts it back itself once its test passed).
+    # Under the engine's lock: a deploy holds it from the node's leave through its smoke test's end (site.yml keeps the
+    # restart's hold for the test) - a node a deploy has out is not put back under it (the deploy puts it back itself
+    # once its test passed).
     # A drain takes no lock: taking a node out may not wait; a deploy that rejoins it reads the drained file again.
     return _membership(args, inv, 'undrain', 'sglang_gateway_join_timeout', fleet.undrain, 'healthy', fleet.undrain_error,
                        lock=True)
