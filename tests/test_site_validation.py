@@ -42,6 +42,9 @@ def free_port():
     ({'pve_container_api_token_id': 'root@pam!ci', 'pve_container_api_token_secret': 'x'},
      'pve_container_api_token_id/_secret are set, but this role passes GPUs (dev[n]) and bind mounts through'),
     ({'pve_container_extra_mounts': [{'host_path': 'relative/dir', 'path': '/x'}]}, 'needs absolute host_path'),
+    # the smoke test's settings: said in the first plays, not after the node's restart (it runs in the last)
+    ({'sglang_smoke_levels': [64, 1]}, 'The smoke test settings are not usable: sglang_smoke_levels: [64, 1] must go '
+                                       'up (the sweep runs them in order). Nothing was run.'),
     # the PVE API: down, another CA, a wrong password; one line each naming the address and what to check
     ({'pve_container_api_port': 'FREE'}, 'cannot reach the PVE API at https://127.0.0.1:FREE (connection refused): '
                                          'check pve_container_api_host / pve_container_api_port'),
