@@ -42,9 +42,6 @@ def free_port():
     ({'pve_container_api_token_id': 'root@pam!ci', 'pve_container_api_token_secret': 'x'},
      'pve_container_api_token_id/_secret are set, but this role passes GPUs (dev[n]) and bind mounts through'),
     ({'pve_container_extra_mounts': [{'host_path': 'relative/dir', 'path': '/x'}]}, 'needs absolute host_path'),
-    # the smoke test's settings: said in the first plays, not after the node's restart (it runs in the last)
-    ({'sglang_smoke_levels': [64, 1]}, 'The smoke test settings are not usable: sglang_smoke_levels: [64, 1] must go '
-                                       'up (the sweep runs them in order). Nothing was run.'),
     # the PVE API: down, another CA, a wrong password; one line each naming the address and what to check
     ({'pve_container_api_port': 'FREE'}, 'cannot reach the PVE API at https://127.0.0.1:FREE (connection refused): '
                                          'check pve_container_api_host / pve_container_api_port'),
@@ -63,6 +60,19 @@ def test_bad_input_fails_before_any_change(lab_api, tmp_path, extra, words):
     assert run.rc != 0, run
     assert words in run.out, run
     assert 'Finalization of task args' not in run.out and 'HTTPSConnectionPool' not in run.out, run
+    assert snapshot(lab_api, WATCHED) == before
+
+
+def test_a_bad_smoke_setting_fails_before_any_change(lab_api, tmp_path):
+    """The node's smoke-test settings are checked in site.yml's first plays (with the SGLang plays on: the smoke test
+    runs in them): a bad one used to be said only when the test started, after the node's container, environment and
+    engine had been touched and its restart had taken it out of its gateway."""
+    before = snapshot(lab_api, WATCHED)
+    run = site(dict(VMID, sglang_smoke_levels=[64, 1]), inventory=one_node(tmp_path), sglang=True)
+    assert run.rc != 0, run
+    assert 'fatal: [glm5-a -> localhost' in run.out and ('The smoke test settings are not usable: sglang_smoke_levels: '
+                                                         '[64, 1] must go up (the sweep runs them in order).') in run.out, run
+    assert 'PLAY [GPU preflight' not in run.out, 'the run went past the first plays'
     assert snapshot(lab_api, WATCHED) == before
 
 
