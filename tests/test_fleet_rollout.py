@@ -331,5 +331,8 @@ def test_a_flag_change_with_a_second_key_rolls_one_node_at_a_time_under_load_wit
     # then the fleet smoke test through the gateway: swept (its nodes changed) and passed, both nodes counted
     new = fleet_runs()[len(fleet_before):]
     assert len(new) == 1 and new[0]['passed'] and sorted(new[0]['nodes']) == sorted(NODES), new
+    # its clients shared the engines with the steady ones (each engine's load report, read before each side): judged
+    # against the nodes driven directly in the same run, not their idle baselines, which a fleet under load misses
+    assert new[0]['levels'] and all(lv['others'] > 0 for lv in new[0]['levels'].values()), new[0]['levels']
     record_testsuite_property('fleet_rollout_seconds', round(took))
     print('flag change and second key rollout: {0:.0f} s, {1} answered, {2} failed'.format(took, load.ok, load.failed))

@@ -175,6 +175,55 @@ def test_throughput_below_the_summed_baseline_fails_and_says_the_sum():
     assert "total tok/s 1,200.0 < 1,260.0 (the 2 nodes' baselines at 64 each, 1,400.0 in all, x 0.9)" == g['text']
 
 
+def busy(direct=(31, 33), gateway=(30, 34)):
+    """One level whose engines a and b served other clients' requests as its clients started, directly and through
+    the gateway (a rolling deploy under live traffic); a count of None: a load report that could not be read."""
+    (lv,) = sweep()
+    lv['others'] = {'direct': dict(zip('ab', direct, strict=True)), 'gateway': dict(zip('ab', gateway, strict=True))}
+    return [lv]
+
+
+def test_a_fleet_serving_other_clients_is_judged_against_the_nodes_driven_directly_not_their_baselines():
+    """make deploy's lab fleet on 2026-12-07, a flag change rolled out under 64 steady clients through the gateway
+    (scripts/bench_fleet.py): the fleet test at 64 a node shared the engines with them, both ways - 1,220.7 tok/s
+    directly, 1,217.4 through the gateway - and failed its gate of the nodes' idle baselines (1,400 x 0.9), which no
+    fleet serving others meets: a rollout under load, the issue's own case, always failed. The nodes driven directly in
+    the same run, under the same others' load, are the reference then."""
+    direct = {'a': [record(256, 608.1, 560.0)], 'b': [record(256, 612.6, 573.6)]}
+    measured = lines(a=(256, 608.1, 600.0), b=(256, 609.3, 590.0), direct=direct)
+    (idle,) = fleet.evaluate(sweep(), settings(), measured)
+    assert not gates(idle)['total_tok_s']['passed'] and gates(idle)['total_tok_s']['reference'] == 'baselines'
+    (lv,) = fleet.evaluate(busy(), settings(), measured)
+    g = gates(lv)['total_tok_s']
+    assert lv['passed'] and g['passed'] and g['reference'] == 'direct' and g['threshold'] == round(1220.7 * 0.9, 2)
+    assert g['text'] == ('total tok/s 1,217.4 >= 1,098.6 (the 2 nodes driven directly at 64 each at once in this run, '
+                         '1,220.7 in all, x 0.9: their engines were serving 64 requests of other clients as the clients '
+                         'started, so their baselines, an idle fleet\'s, are not the reference)')
+    assert lv['others']['most'] == 64 and lv['others']['unknown'] == []
+    md = fleet.markdown(fleet.build_summary('r', 's', {}, settings(), {'passed': True}, [lv]))
+    assert ('Concurrency 128: the engines were serving requests of other clients as the clients started (directly: a '
+            '31, b 33; through the gateway: a 30, b 34): its total tok/s is judged against the nodes driven directly at '
+            'once in this run, not their baselines (an idle fleet\'s).') in md
+    # a gateway that loses throughput still fails, against the nodes directly
+    (lv,) = fleet.evaluate(busy(), settings(), lines(a=(256, 500.0, 600.0), b=(256, 500.0, 590.0), direct=direct))
+    assert not lv['passed'] and gates(lv)['total_tok_s']['text'].startswith('total tok/s 1,000.0 < 1,098.6 (the 2 '
+                                                                            'nodes driven directly')
+
+
+def test_what_the_engines_served_unread_or_nothing_leaves_the_baselines_the_reference():
+    low = lines(a=(256, 600.0, 600.0), b=(256, 600.0, 590.0))
+    for others in (busy(direct=(0, 0), gateway=(0, 0)), busy(direct=(None, 0), gateway=(0, None)), sweep()):
+        (lv,) = fleet.evaluate(others, settings(), low)
+        assert gates(lv)['total_tok_s']['reference'] == 'baselines' and not lv['passed'], lv['gates']
+    assert lv['others'] == {'direct': {'a': None, 'b': None}, 'gateway': {'a': None, 'b': None}, 'most': 0,
+                            'unknown': ['a', 'b']}
+    (lv,) = fleet.evaluate(busy(direct=(None, 0), gateway=(0, 0)), settings(), low)
+    assert lv['others']['unknown'] == ['a']
+    md = fleet.markdown(fleet.build_summary('r', 's', {}, settings(), {'passed': True}, [lv]))
+    assert ('Concurrency 128: what else a served could not be read (sglang\'s load report, /v1/loads): taken as '
+            'nothing.') in md and 'were serving requests of other clients' not in md
+
+
 def test_latency_the_gateway_adds_over_the_limit_fails_naming_the_slowest_node():
     (lv,) = fleet.evaluate(sweep(), settings(), lines(a=(256, 700.0, 700.0)))
     g = gates(lv)['ttft_overhead_ms']
@@ -231,6 +280,13 @@ def test_the_plot_shows_no_baseline_where_the_nodes_have_none(monkeypatch, tmp_p
     assert "the nodes' baselines, summed" in legends[0] and 'gate (baselines x 0.9)' in legends[0]
     assert legends[1] == ['through the gateway', 'the nodes directly at once, summed']
     assert [len(fig.axes[0].patches) for fig in figures] == [3, 2]
+    # engines serving other clients: the gate's line is the nodes driven directly, named so
+    (lv,) = fleet.evaluate(busy(), s, lines())
+    fleet.plot_fleet(fleet.build_summary('r', 's', {}, s, {'passed': True}, [lv]), str(tmp_path / 'f.png'))
+    legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+    assert 'gate (the nodes directly x 0.9)' in legend and 'gate (baselines x 0.9)' not in legend
+    (line,) = figures[-1].axes[0].collections
+    assert line.get_segments()[0][0][1] == round(1420.0 * 0.9, 2)
 
 
 def test_a_node_that_fails_requests_directly_fails_the_level_and_leaves_the_added_ttft_ungated():
@@ -292,7 +348,7 @@ def test_the_module_writes_the_report_the_plot_and_the_fleet_index(tmp_path, cap
     entries = [json.loads(x) for x in (history / 'index.jsonl').read_text().splitlines()]
     assert [e['run'] for e in entries] == ['r1', 'r2'] and entries[1]['nodes'] == ['a', 'b']
     assert entries[1]['levels']['128'] == {'total_tok_s': 1400.0, 'expected_total_tok_s': 1400, 'p99_ttft_ms': 600.0,
-                                           'ttft_overhead_ms': 20.0, 'failed': 0}
+                                           'ttft_overhead_ms': 20.0, 'failed': 0, 'others': 0}
     assert '| [r2](r2/report.md) | gw | a, b | pass | 1,400.0 @128 | +20.0 ms |' in (history / 'index.md').read_text()
     summary = json.loads((run_dir / 'summary.json').read_text())
     assert summary['meta']['policy'] == 'power_of_two'

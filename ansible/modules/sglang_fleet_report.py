@@ -17,8 +17,10 @@ description:
   - C(action=report) reads a run folder (the result lines the sglang_bench module wrote, one file a client -
     C(direct-NODE.jsonl) at the node's own engine, C(gateway-NODE.jsonl) through the gateway from that node), applies
     the gates (every request completed, directly and through the gateway; total tok/s through it, the clients
-    summed, at least the sum of the nodes' baselines at c, each at its own pace, x tolerance; the p99 TTFT the gateway
-    adds - the slowest client's through it less the slowest node's directly, in this run - at most
+    summed, at least the sum of the nodes' baselines at c, each at its own pace, x tolerance - or, where the engines
+    were serving other clients as the level's clients started (a deploy under live traffic, where the test gets only
+    its share of them), at least the nodes' total driven directly at once in this run x tolerance; the p99 TTFT the
+    gateway adds - the slowest client's through it less the slowest node's directly, in this run - at most
     C(ttft_overhead_ms)), and writes C(summary.json), C(report.md) and C(fleet.png) into the folder, then the fleet
     history's C(index.jsonl), C(index.md) and C(trend.png).
   - Needs matplotlib (requirements.txt) where it runs.
@@ -44,7 +46,9 @@ options:
   sweep:
     description: >-
       One item a level, in the plan's order: C(direct) and C(gateway), the level's sglang_bench results of each node's
-      client (each with C(node), where it ran) at its own engine and through the gateway.
+      client (each with C(node), where it ran) at its own engine and through the gateway; C(others), for each of
+      C(direct) and C(gateway) the requests each node's engine was serving for other clients as those clients started
+      (a count a node, null where its load report could not be read).
     type: list
     elements: dict
     default: []
@@ -95,10 +99,12 @@ def run_item(run, planned):
 
 
 def sweep_item(item, planned):
-    """One level: the plan's figures and each client's run, directly and through the gateway."""
+    """One level: the plan's figures, each client's run, directly and through the gateway, and the requests each
+    engine served for other clients as those clients started ({how: {node: count or None}})."""
     out = dict(planned)
     for how in ('direct', 'gateway'):
         out[how] = [run_item(r, planned) for r in item.get(how) or []]
+    out['others'] = {how: dict((item.get('others') or {}).get(how) or {}) for how in ('direct', 'gateway')}
     return out
 
 
